@@ -1,0 +1,35 @@
+# One-command set-up: every target creates the virtual environment on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-slow serve lint format clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
+
+serve: $(STAMP)
+	$(BIN)/mtplx serve $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check mtplx server tests
+	$(BIN)/ruff format --check mtplx server tests
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix mtplx server tests
+	$(BIN)/ruff format mtplx server tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

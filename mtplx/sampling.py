@@ -1,0 +1,478 @@
+"""Exact speculative sampling: the sampler settings, the target/draft distributions and the
+accept / recover / bonus rule.
+
+Glossary (DESIGN.md):
+
+- draft tokens: proposed by a drafter, each with its proposal distribution q.
+- target distribution p: the target model's next-token distribution after the request's
+  penalties, logit bias, temperature and top-k / top-p / min-p filtering.
+- accepted: a draft token x that passed ``u < min(1, p(x) / q(x))`` for a uniform u.
+- recovered: the token sampled from the residual ``max(p - q, 0)`` (normalised) at the first
+  rejected position.
+- bonus: the token sampled from p at position K+1 when all K draft tokens were accepted.
+- acceptance length: tokens committed per verify forward (accepted + 1).
+
+The output marginal of one position is ``min(p, q) + (1 - sum(min(p, q))) * residual = p``,
+so speculative decoding emits exactly what plain decoding of the target would.
+
+Every fast path has a plain reference twin. The NumPy functions here are the references (and
+the oracle ``speculative_output_marginal``); the ``mx_*`` functions are the vectorised MLX path
+the engine runs. Both consume explicit uniforms, so fed the same uniforms and float32 inputs
+they make identical decisions: the ratio test is one correctly rounded float32 division in
+both, and tokens are drawn by inverse CDF over a sequential float32 cumulative sum in both.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+__all__ = [
+    "SamplerConfig",
+    "SpeculativeDecision",
+    "acceptance_probability",
+    "apply_penalties",
+    "apply_top_p_top_k",
+    "distribution_from_logits",
+    "mx_apply_penalties",
+    "mx_apply_top_p_top_k",
+    "mx_distribution_from_logits",
+    "mx_sample",
+    "mx_verify_draft_tokens",
+    "residual_distribution",
+    "sample_from_distribution",
+    "speculative_output_marginal",
+    "verify_draft_tokens_reference",
+    "verify_one_token",
+]
+
+# OpenAI's documented ranges; a value outside them is a client error, not something to clamp.
+_PENALTY_RANGE = (-2.0, 2.0)
+_LOGIT_BIAS_RANGE = (-100.0, 100.0)
+
+
+def _check_finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """How one request samples. Validated on construction; errors name the field.
+
+    Defaults match the OpenAI API: temperature 1, top_p 1, every other filter and penalty off.
+    ``temperature == 0`` means greedy (argmax, ties to the lowest token id).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        temperature = _check_finite("temperature", self.temperature)
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        top_p = _check_finite("top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        min_p = _check_finite("min_p", self.min_p)
+        if not 0.0 <= min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _check_finite(name, getattr(self, name))
+            if not _PENALTY_RANGE[0] <= value <= _PENALTY_RANGE[1]:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        repetition_penalty = _check_finite("repetition_penalty", self.repetition_penalty)
+        if repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
+        if not isinstance(self.logit_bias, Mapping):
+            raise ValueError(
+                f"logit_bias must be a mapping token id -> bias, got {self.logit_bias!r}"
+            )
+        bias: dict[int, float] = {}
+        for token_id, value in self.logit_bias.items():
+            token = int(token_id) if isinstance(token_id, str) and token_id.isdigit() else token_id
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids >= 0, got {token_id!r}")
+            value = _check_finite(f"logit_bias[{token}]", value)
+            if not _LOGIT_BIAS_RANGE[0] <= value <= _LOGIT_BIAS_RANGE[1]:
+                raise ValueError(f"logit_bias[{token}] must be in [-100, 100], got {value}")
+            bias[token] = value
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        for name, value in (
+            ("temperature", temperature),
+            ("top_p", top_p),
+            ("min_p", min_p),
+            ("repetition_penalty", repetition_penalty),
+        ):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "logit_bias", types.MappingProxyType(bias))
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when sampling is a deterministic argmax."""
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when the distribution depends on the tokens generated so far."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Target and draft distributions (NumPy reference)
+# ---------------------------------------------------------------------------------------------
+
+
+def apply_penalties(
+    logits: np.ndarray, token_counts: np.ndarray | None, config: SamplerConfig
+) -> np.ndarray:
+    """Apply repetition, frequency and presence penalties, then the logit bias.
+
+    logits: [..., V]; token_counts: [..., V] how often each token was generated so far
+    (committed tokens only), or None for no history. Returns new logits [..., V].
+
+    Repetition penalty (CTRL / Hugging Face form): a seen token's positive logit is divided
+    by it, a negative one multiplied. Frequency subtracts ``penalty * count``, presence
+    subtracts ``penalty`` once per seen token (OpenAI form). Bias is added last.
+    """
+    logits = np.array(logits, dtype=np.result_type(logits, np.float32), copy=True)
+    if token_counts is not None and config.has_penalties:
+        counts = np.asarray(token_counts)
+        seen = counts > 0
+        if config.repetition_penalty != 1.0:
+            penalised = np.where(
+                logits > 0, logits / config.repetition_penalty, logits * config.repetition_penalty
+            )
+            logits = np.where(seen, penalised, logits)
+        logits = logits - config.frequency_penalty * counts - config.presence_penalty * seen
+    for token_id, bias in config.logit_bias.items():
+        if token_id >= logits.shape[-1]:
+            raise ValueError(f"logit_bias token id {token_id} is outside the vocabulary")
+        logits[..., token_id] += bias
+    return logits
+
+
+def apply_top_p_top_k(
+    probs: np.ndarray, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0
+) -> np.ndarray:
+    """Filter a distribution with top-k, then top-p, then min-p, and renormalise.
+
+    probs: [V] (or [..., V]). Ties at a boundary are all kept, so the kept set never depends
+    on token order. top-k keeps tokens whose probability is >= the k-th largest; top-p keeps
+    the smallest prefix of the sorted distribution whose mass reaches top_p (plus ties of its
+    last member), measured after top-k; min-p keeps tokens >= min_p * max. The most likely
+    token always survives, so the support is never empty.
+    """
+    probs = np.asarray(probs)
+    if probs.ndim > 1:
+        rows = [
+            apply_top_p_top_k(row, top_p, top_k, min_p)
+            for row in probs.reshape(-1, probs.shape[-1])
+        ]
+        return np.stack(rows).reshape(probs.shape)
+    keep = probs > 0
+    if 0 < top_k < probs.shape[-1]:
+        kth_largest = np.sort(probs)[::-1][top_k - 1]
+        keep &= probs >= kth_largest
+    if top_p < 1.0:
+        kept = np.where(keep, probs, 0)
+        kept = kept / kept.sum()
+        descending = np.sort(kept)[::-1]
+        mass_before = np.concatenate([[0.0], np.cumsum(descending)[:-1]])
+        num_in_nucleus = int(np.sum(mass_before < top_p))
+        keep &= kept >= descending[num_in_nucleus - 1]
+    if min_p > 0.0:
+        keep &= probs >= min_p * probs.max()
+    filtered = np.where(keep, probs, 0)
+    return filtered / filtered.sum()
+
+
+def distribution_from_logits(
+    logits: np.ndarray, config: SamplerConfig, token_counts: np.ndarray | None = None
+) -> np.ndarray:
+    """The sampling distribution for one position: penalties and bias, temperature, filters.
+
+    logits: [V] (or [..., V]); returns probabilities [..., V] in float64 that sum to 1.
+    Temperature 0 returns the one-hot argmax (ties to the lowest token id).
+    """
+    logits = apply_penalties(np.asarray(logits, dtype=np.float64), token_counts, config)
+    if config.is_greedy:
+        one_hot = np.zeros_like(logits)
+        np.put_along_axis(one_hot, np.argmax(logits, axis=-1)[..., None], 1.0, axis=-1)
+        return one_hot
+    scaled = logits / config.temperature
+    scaled = scaled - scaled.max(axis=-1, keepdims=True)
+    probs = np.exp(scaled)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return apply_top_p_top_k(probs, config.top_p, config.top_k, config.min_p)
+
+
+# ---------------------------------------------------------------------------------------------
+# The exact rule for one position (NumPy reference)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpeculativeDecision:
+    """Outcome of verifying one draft token: the emitted token and whether it was the draft."""
+
+    accepted: bool
+    token_id: int
+    accept_probability: float
+
+
+def acceptance_probability(target_p: np.ndarray, draft_q: np.ndarray, token_id: int) -> float:
+    """``min(1, p(x) / q(x))`` for draft token x. A token the draft could not have drawn
+    (q(x) == 0) is never accepted."""
+    q = draft_q[token_id]
+    if q <= 0:
+        return 0.0
+    return float(min(1.0, target_p[token_id] / q))
+
+
+def residual_distribution(target_p: np.ndarray, draft_q: np.ndarray) -> np.ndarray:
+    """``max(p - q, 0) / sum(max(p - q, 0))``: what a rejection samples from.
+
+    For p = [0.6, 0.3, 0.1] and q = [0.4, 0.4, 0.2] this is [1, 0, 0]. When p == q there is
+    no residual mass and rejection has probability zero; p is returned so the result is
+    always a distribution.
+    """
+    residual = np.maximum(target_p - draft_q, 0)
+    total = residual.sum()
+    if total <= 0:
+        return target_p / target_p.sum()
+    return residual / total
+
+
+def sample_from_distribution(probs: np.ndarray, uniform: float) -> int:
+    """Inverse-CDF draw from possibly unnormalised non-negative weights with one uniform in
+    [0, 1). Cumulates sequentially in the weights' dtype (as the MLX twin does) and never
+    returns a zero-weight token."""
+    cumulative = np.cumsum(probs, dtype=probs.dtype)
+    threshold = probs.dtype.type(uniform) * cumulative[-1]
+    index = int(np.sum(cumulative <= threshold))
+    if index >= probs.shape[-1]:  # uniform rounded up to the total: take the last live token
+        index = int(np.flatnonzero(probs > 0)[-1])
+    return index
+
+
+def verify_one_token(
+    target_p: np.ndarray, draft_q: np.ndarray, draft_token: int, rng: np.random.Generator
+) -> SpeculativeDecision:
+    """Accept ``draft_token`` with probability min(1, p/q); otherwise sample the recovered
+    token from the residual. The emitted token is distributed exactly as p."""
+    accept_probability = acceptance_probability(target_p, draft_q, draft_token)
+    if rng.random() < accept_probability:
+        return SpeculativeDecision(True, int(draft_token), accept_probability)
+    residual = residual_distribution(target_p, draft_q)
+    return SpeculativeDecision(
+        False, sample_from_distribution(residual, rng.random()), accept_probability
+    )
+
+
+def speculative_output_marginal(target_p: np.ndarray, draft_q: np.ndarray) -> np.ndarray:
+    """The exact distribution of the token one speculative position emits, by enumeration.
+
+    Sums, over every draft token x the drafter can propose, ``q(x) * a(x)`` onto x (accepted)
+    and ``q(x) * (1 - a(x)) * residual`` onto every token (rejected, recovered). No final
+    normalisation: the result equals p for every (p, q), which is what the tests check.
+    """
+    target_p = np.asarray(target_p, dtype=np.float64)
+    draft_q = np.asarray(draft_q, dtype=np.float64)
+    residual = residual_distribution(target_p, draft_q)
+    marginal = np.zeros_like(target_p)
+    for token_id in np.flatnonzero(draft_q > 0):
+        accept = acceptance_probability(target_p, draft_q, token_id)
+        marginal[token_id] += draft_q[token_id] * accept
+        marginal += draft_q[token_id] * (1.0 - accept) * residual
+    return marginal
+
+
+def verify_draft_tokens_reference(
+    target_probs: np.ndarray,
+    draft_probs: np.ndarray,
+    draft_tokens: np.ndarray,
+    accept_uniforms: np.ndarray,
+    sample_uniforms: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Plain twin of ``mx_verify_draft_tokens``: a loop over rows and positions.
+
+    target_probs: [B, K+1, V]; draft_probs: [B, K, V]; draft_tokens: [B, K];
+    accept_uniforms: [B, K]; sample_uniforms: [B] (one draw per row: the recovered or bonus
+    token). Returns num_accepted [B] and output_tokens [B, K+1]: the accepted draft tokens,
+    then the recovered or bonus token, then -1 padding.
+    """
+    batch, num_draft = draft_tokens.shape
+    num_accepted = np.zeros(batch, dtype=np.int32)
+    output_tokens = np.full((batch, num_draft + 1), -1, dtype=np.int32)
+    for row in range(batch):
+        position = 0
+        while position < num_draft:
+            token = int(draft_tokens[row, position])
+            p, q = target_probs[row, position, token], draft_probs[row, position, token]
+            # The same float32 division the MLX path does: u < p / q, never taken when q == 0.
+            if not (q > 0 and accept_uniforms[row, position] < p / q):
+                break
+            output_tokens[row, position] = token
+            position += 1
+        num_accepted[row] = position
+        weights = target_probs[row, position]
+        if position < num_draft:
+            residual = np.maximum(weights - draft_probs[row, position], 0)
+            if np.cumsum(residual, dtype=residual.dtype)[-1] > 0:
+                weights = residual
+        output_tokens[row, position] = sample_from_distribution(weights, sample_uniforms[row])
+    return num_accepted, output_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# Vectorised MLX path (what the engine runs); every function has a NumPy twin above
+# ---------------------------------------------------------------------------------------------
+
+
+def mx_apply_penalties(
+    logits: mx.array, token_counts: mx.array | None, config: SamplerConfig
+) -> mx.array:
+    """MLX twin of ``apply_penalties``. logits: [..., V] float32; token_counts: [..., V]."""
+    if token_counts is not None and config.has_penalties:
+        counts = token_counts.astype(mx.float32)
+        seen = counts > 0
+        if config.repetition_penalty != 1.0:
+            penalised = mx.where(
+                logits > 0, logits / config.repetition_penalty, logits * config.repetition_penalty
+            )
+            logits = mx.where(seen, penalised, logits)
+        logits = logits - config.frequency_penalty * counts - config.presence_penalty * seen
+    if config.logit_bias:
+        vocab_size = logits.shape[-1]
+        token_ids = list(config.logit_bias)
+        if max(token_ids) >= vocab_size:
+            raise ValueError(f"logit_bias token id {max(token_ids)} is outside the vocabulary")
+        bias = np.zeros(vocab_size, dtype=np.float32)
+        bias[token_ids] = list(config.logit_bias.values())
+        logits = logits + mx.array(bias)
+    return logits
+
+
+def mx_apply_top_p_top_k(
+    probs: mx.array, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0
+) -> mx.array:
+    """MLX twin of ``apply_top_p_top_k`` (same order, same tie rule). probs: [..., V]."""
+    vocab_size = probs.shape[-1]
+    use_top_k = 0 < top_k < vocab_size
+    if not (use_top_k or top_p < 1.0 or min_p > 0.0):
+        return probs
+    keep = probs > 0
+    if use_top_k:
+        kth_largest = mx.sort(probs, axis=-1)[..., vocab_size - top_k : vocab_size - top_k + 1]
+        keep = keep & (probs >= kth_largest)
+    if top_p < 1.0:
+        kept = mx.where(keep, probs, 0.0)
+        kept = kept / mx.sum(kept, axis=-1, keepdims=True)
+        descending = mx.sort(kept, axis=-1)[..., ::-1]
+        mass_before = mx.cumsum(descending, axis=-1, inclusive=False)
+        num_in_nucleus = mx.sum(mass_before < top_p, axis=-1, keepdims=True)
+        threshold = mx.take_along_axis(descending, num_in_nucleus - 1, axis=-1)
+        keep = keep & (kept >= threshold)
+    if min_p > 0.0:
+        keep = keep & (probs >= min_p * mx.max(probs, axis=-1, keepdims=True))
+    filtered = mx.where(keep, probs, 0.0)
+    return filtered / mx.sum(filtered, axis=-1, keepdims=True)
+
+
+def mx_distribution_from_logits(
+    logits: mx.array, config: SamplerConfig, token_counts: mx.array | None = None
+) -> mx.array:
+    """MLX twin of ``distribution_from_logits``. logits: [..., V]; returns float32 [..., V]."""
+    logits = mx_apply_penalties(logits.astype(mx.float32), token_counts, config)
+    if config.is_greedy:
+        vocab_ids = mx.arange(logits.shape[-1])
+        return (vocab_ids == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
+    probs = mx.softmax(logits / config.temperature, axis=-1, precise=True)
+    return mx_apply_top_p_top_k(probs, config.top_p, config.top_k, config.min_p)
+
+
+def mx_sample(weights: mx.array, uniforms: mx.array) -> mx.array:
+    """Inverse-CDF draw per row, twin of ``sample_from_distribution``.
+
+    weights: [B, V] non-negative, not necessarily normalised; uniforms: [B] in [0, 1).
+    Returns token ids [B] (uint32); a zero-weight token is never returned.
+    """
+    vocab_size = weights.shape[-1]
+    cumulative = mx.cumsum(weights, axis=-1)
+    threshold = uniforms.astype(weights.dtype)[:, None] * cumulative[:, -1:]
+    index = mx.sum(cumulative <= threshold, axis=-1)
+    last_live = vocab_size - 1 - mx.argmax((weights > 0)[:, ::-1], axis=-1)
+    return mx.where(index >= vocab_size, last_live, index).astype(mx.uint32)
+
+
+def mx_verify_draft_tokens(
+    target_probs: mx.array,
+    draft_probs: mx.array,
+    draft_tokens: mx.array,
+    accept_uniforms: mx.array,
+    sample_uniforms: mx.array,
+) -> tuple[mx.array, mx.array]:
+    """Verify K draft positions of B sequences at once with the exact rule.
+
+    target_probs: [B, K+1, V] float32; draft_probs: [B, K, V] float32 (zero outside a
+    reduced draft vocabulary is fine); draft_tokens: [B, K]; accept_uniforms: [B, K];
+    sample_uniforms: [B]. Returns num_accepted [B] (int32) and output_tokens [B, K+1]
+    (int32): the accepted prefix of the draft, the recovered or bonus token, then -1.
+    """
+    batch, num_draft = draft_tokens.shape
+    rows = mx.arange(batch)
+    if num_draft == 0:
+        token = mx_sample(target_probs[:, 0], sample_uniforms).astype(mx.int32)
+        return mx.zeros((batch,), dtype=mx.int32), token[:, None]
+    draft_tokens = draft_tokens.astype(mx.int32)
+    indices = draft_tokens[..., None]
+    target_at_draft = mx.take_along_axis(target_probs[:, :num_draft], indices, axis=-1)[..., 0]
+    draft_at_draft = mx.take_along_axis(draft_probs, indices, axis=-1)[..., 0]
+    # u < p / q in float32; a draft the drafter could not have drawn (q == 0) is rejected.
+    accepted = (draft_at_draft > 0) & (accept_uniforms < target_at_draft / draft_at_draft)
+    num_accepted = mx.sum(mx.cumprod(accepted.astype(mx.int32), axis=-1), axis=-1)
+
+    # The distribution the one sampled token comes from: the residual at the first rejected
+    # position, or p itself at position K+1 (q is zero there, so the residual is p).
+    final_target = target_probs[rows, num_accepted]
+    was_rejected = (num_accepted < num_draft)[:, None]
+    final_draft = draft_probs[rows, mx.minimum(num_accepted, num_draft - 1)] * was_rejected
+    residual = mx.maximum(final_target - final_draft, 0.0)
+    has_residual = mx.cumsum(residual, axis=-1)[:, -1:] > 0
+    token = mx_sample(mx.where(has_residual, residual, final_target), sample_uniforms)
+
+    positions = mx.arange(num_draft + 1)[None, :]
+    padded_drafts = mx.concatenate([draft_tokens, mx.zeros((batch, 1), mx.int32)], axis=1)
+    boundary = num_accepted[:, None]
+    output_tokens = mx.where(
+        positions < boundary,
+        padded_drafts,
+        mx.where(positions == boundary, token.astype(mx.int32)[:, None], -1),
+    )
+    return num_accepted.astype(mx.int32), output_tokens

@@ -1,0 +1,1 @@
+"""FastAPI layer of MTPLX: OpenAI schemas, routes, SSE. Never imports mlx."""

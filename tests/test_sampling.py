@@ -1,0 +1,430 @@
+"""Exactness of mtplx.sampling: the oracle, the one-position rule, the vectorised MLX path,
+filtering and penalties, and SamplerConfig validation."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from functools import cache
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from scipy import stats
+
+from mtplx.sampling import (
+    SamplerConfig,
+    acceptance_probability,
+    apply_penalties,
+    apply_top_p_top_k,
+    distribution_from_logits,
+    mx_distribution_from_logits,
+    mx_sample,
+    mx_verify_draft_tokens,
+    residual_distribution,
+    sample_from_distribution,
+    speculative_output_marginal,
+    verify_draft_tokens_reference,
+    verify_one_token,
+)
+
+# A fixed significance for every chi-square test: with fixed seeds each test is deterministic,
+# and a real bias of the size these sample counts can see gives p-values far below it.
+SIGNIFICANCE = 1e-3
+
+# ---------------------------------------------------------------------------------------------
+# The exact oracle
+# ---------------------------------------------------------------------------------------------
+
+HAND_PICKED = {
+    "seed-document example": ([0.6, 0.3, 0.1], [0.4, 0.4, 0.2]),
+    "disjoint supports": ([0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.7, 0.3]),
+    "draft zero where target has mass": ([0.2, 0.3, 0.5], [0.0, 1.0, 0.0]),
+    "p equals q": ([0.25, 0.25, 0.5], [0.25, 0.25, 0.5]),
+    "one-hot target": ([0.0, 1.0, 0.0], [0.3, 0.3, 0.4]),
+    "one-hot draft on a target token": ([0.1, 0.7, 0.2], [0.0, 1.0, 0.0]),
+    "draft wider than target": ([1.0, 0.0, 0.0], [0.1, 0.1, 0.8]),
+}
+
+
+@pytest.mark.parametrize("target, draft", HAND_PICKED.values(), ids=HAND_PICKED.keys())
+def test_oracle_returns_target_on_hand_picked_pairs(
+    target: list[float], draft: list[float]
+) -> None:
+    p, q = np.array(target), np.array(draft)
+    np.testing.assert_allclose(speculative_output_marginal(p, q), p, rtol=0, atol=1e-12)
+
+
+def test_seed_document_example_has_residual_one_zero_zero() -> None:
+    p, q = np.array([0.6, 0.3, 0.1]), np.array([0.4, 0.4, 0.2])
+    np.testing.assert_allclose(residual_distribution(p, q), [1.0, 0.0, 0.0], atol=1e-15)
+    accept = [acceptance_probability(p, q, token) for token in range(3)]
+    np.testing.assert_allclose(accept, [1.0, 0.75, 0.5])
+
+
+def test_oracle_is_not_normalised_after_the_fact() -> None:
+    """A marginal that adds only the draft token's own residual share (the seed documents'
+    mistake) sums to less than 1; ours must sum to 1 without any renormalisation."""
+    p, q = np.array([0.6, 0.3, 0.1]), np.array([0.4, 0.4, 0.2])
+    marginal = speculative_output_marginal(p, q)
+    assert marginal.sum() == pytest.approx(1.0, abs=1e-15)
+    seed_style = np.zeros(3)
+    residual = residual_distribution(p, q)
+    for token in range(3):
+        accept = acceptance_probability(p, q, token)
+        seed_style[token] += q[token] * accept + q[token] * (1 - accept) * residual[token]
+    assert seed_style.sum() < 0.9  # what the seed's final normalisation would have hidden
+
+
+def _distribution(values: np.ndarray) -> np.ndarray:
+    return values / values.sum()
+
+
+probability_vectors = arrays(
+    np.float64, st.integers(2, 12), elements=st.floats(0, 1, allow_subnormal=False)
+).filter(lambda v: v.sum() > 1e-3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_oracle_returns_target_on_generated_pairs(data: st.DataObject) -> None:
+    target = _distribution(data.draw(probability_vectors))
+    draft_raw = data.draw(
+        arrays(np.float64, target.shape, elements=st.floats(0, 1, allow_subnormal=False))
+    )
+    if draft_raw.sum() <= 1e-3:
+        draft_raw[data.draw(st.integers(0, target.size - 1))] = 1.0  # a one-hot draft
+    draft = _distribution(draft_raw)
+    np.testing.assert_allclose(
+        speculative_output_marginal(target, draft), target, rtol=0, atol=1e-12
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The one-position rule, statistically
+# ---------------------------------------------------------------------------------------------
+
+
+def test_verify_one_token_histogram_matches_target() -> None:
+    rng = np.random.default_rng(1234)
+    p = np.array([0.35, 0.25, 0.2, 0.15, 0.05])
+    q = np.array([0.05, 0.4, 0.1, 0.15, 0.3])
+    num_trials = 200_000
+    counts = np.zeros(p.size)
+    num_accepted = 0
+    for _ in range(num_trials):
+        draft_token = sample_from_distribution(q, rng.random())
+        decision = verify_one_token(p, q, draft_token, rng)
+        counts[decision.token_id] += 1
+        num_accepted += decision.accepted
+    assert stats.chisquare(counts, p * num_trials).pvalue > SIGNIFICANCE
+    expected_acceptance = np.minimum(p, q).sum()
+    assert num_accepted / num_trials == pytest.approx(expected_acceptance, abs=0.005)
+
+
+def test_sample_from_distribution_never_returns_zero_weight() -> None:
+    weights = np.array([0.0, 0.5, 0.0, 0.5, 0.0], dtype=np.float32)
+    assert {sample_from_distribution(weights, u) for u in (0.0, 0.49, 0.5, 0.999999)} == {1, 3}
+    assert sample_from_distribution(weights, np.nextafter(np.float32(1), np.float32(0))) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Vectorised MLX path: identical to the NumPy twin, exact over several positions
+# ---------------------------------------------------------------------------------------------
+
+
+def _random_verify_inputs(rng: np.random.Generator, batch: int, num_draft: int, vocab: int):
+    target = rng.dirichlet(np.full(vocab, 0.3), size=(batch, num_draft + 1)).astype(np.float32)
+    draft = rng.dirichlet(np.full(vocab, 0.3), size=(batch, num_draft)).astype(np.float32)
+    # Mix in the drafts the engine meets: one-hot (greedy / n-gram), equal to p, zero-padded.
+    draft[0] = np.eye(vocab, dtype=np.float32)[rng.integers(vocab, size=num_draft)]
+    draft[1] = target[1, :num_draft]
+    draft[2, :, : vocab // 2] = 0
+    draft[2] /= draft[2].sum(-1, keepdims=True)
+    target[3] = np.eye(vocab, dtype=np.float32)[rng.integers(vocab, size=num_draft + 1)]
+    tokens = np.array(
+        [
+            [sample_from_distribution(draft[b, k], rng.random()) for k in range(num_draft)]
+            for b in range(batch)
+        ],
+        dtype=np.int32,
+    ).reshape(batch, num_draft)
+    accept_uniforms = rng.random((batch, num_draft), dtype=np.float32)
+    sample_uniforms = rng.random(batch, dtype=np.float32)
+    return target, draft, tokens, accept_uniforms, sample_uniforms
+
+
+@pytest.mark.parametrize("num_draft", [0, 1, 4])
+def test_mlx_verify_matches_numpy_reference_decision_for_decision(num_draft: int) -> None:
+    rng = np.random.default_rng(num_draft)
+    inputs = _random_verify_inputs(rng, batch=400, num_draft=num_draft, vocab=37)
+    ref_accepted, ref_tokens = verify_draft_tokens_reference(*inputs)
+    mx_accepted, mx_tokens = mx_verify_draft_tokens(*(mx.array(x) for x in inputs))
+    np.testing.assert_array_equal(np.array(mx_accepted), ref_accepted)
+    np.testing.assert_array_equal(np.array(mx_tokens), ref_tokens)
+    if num_draft:
+        assert 0 < ref_accepted.mean() < num_draft  # both outcomes occur
+
+
+def test_mx_sample_matches_numpy_twin() -> None:
+    rng = np.random.default_rng(7)
+    weights = rng.random((300, 1000), dtype=np.float32) * (rng.random((300, 1000)) < 0.1)
+    uniforms = rng.random(300, dtype=np.float32)
+    uniforms[0] = np.nextafter(np.float32(1), np.float32(0))
+    expected = [sample_from_distribution(w, u) for w, u in zip(weights, uniforms, strict=True)]
+    np.testing.assert_array_equal(
+        np.array(mx_sample(mx.array(weights), mx.array(uniforms))), expected
+    )
+
+
+VOCAB = 3
+NUM_GENERATED = 3
+
+
+@cache
+def _table(kind: str, prefix: tuple[int, ...]) -> np.ndarray:
+    """A fixed next-token distribution for every prefix: the 'model' (p) or 'drafter' (q)."""
+    rng = np.random.default_rng([ord(kind), len(prefix), *prefix])
+    return rng.dirichlet(np.ones(VOCAB)).astype(np.float32)
+
+
+def _exact_sequence_distribution() -> dict[tuple[int, ...], float]:
+    """Plain decoding, enumerated: P(t1..tn) = prod p(t_i | t_<i)."""
+    exact = {}
+    for sequence in itertools.product(range(VOCAB), repeat=NUM_GENERATED):
+        exact[sequence] = math.prod(
+            float(_table("p", sequence[:i])[sequence[i]]) for i in range(NUM_GENERATED)
+        )
+    return exact
+
+
+@pytest.mark.parametrize("num_draft", [1, 2, 3])
+def test_mlx_verify_loop_output_matches_enumerated_sequence_distribution(num_draft: int) -> None:
+    """Generate 3 tokens with repeated draft/verify steps on B sequences at once; the
+    histogram of the 27 possible sequences must match plain decoding's exact distribution."""
+    rng = np.random.default_rng(2024 + num_draft)
+    batch = 30_000
+    sequences: list[tuple[int, ...]] = [()] * batch
+    while min(map(len, sequences)) < NUM_GENERATED:
+        draft_tokens = np.zeros((batch, num_draft), dtype=np.int32)
+        draft_probs = np.zeros((batch, num_draft, VOCAB), dtype=np.float32)
+        target_probs = np.zeros((batch, num_draft + 1, VOCAB), dtype=np.float32)
+        for row, prefix in enumerate(sequences):
+            context = prefix
+            for position in range(num_draft):
+                draft_probs[row, position] = _table("q", context)
+                target_probs[row, position] = _table("p", context)
+                token = sample_from_distribution(draft_probs[row, position], rng.random())
+                draft_tokens[row, position] = token
+                context = (*context, token)
+            target_probs[row, num_draft] = _table("p", context)
+        _, output = mx_verify_draft_tokens(
+            mx.array(target_probs),
+            mx.array(draft_probs),
+            mx.array(draft_tokens),
+            mx.array(rng.random((batch, num_draft), dtype=np.float32)),
+            mx.array(rng.random(batch, dtype=np.float32)),
+        )
+        output = np.array(output)
+        sequences = [
+            (*prefix, *(int(t) for t in row if t >= 0))[:NUM_GENERATED]
+            if len(prefix) < NUM_GENERATED
+            else prefix
+            for prefix, row in zip(sequences, output, strict=True)
+        ]
+    exact = _exact_sequence_distribution()
+    observed = np.zeros(len(exact))
+    index = {sequence: i for i, sequence in enumerate(exact)}
+    for sequence in sequences:
+        observed[index[sequence]] += 1
+    expected = np.array(list(exact.values())) * batch
+    assert expected.sum() == pytest.approx(batch, rel=1e-6)
+    assert stats.chisquare(observed, expected).pvalue > SIGNIFICANCE
+
+
+def test_mlx_verify_loop_with_wrong_q_is_detected() -> None:
+    """Negative control for the test above: reporting a q other than the one the draft was
+    drawn from biases the output, and the same chi-square sees it."""
+    rng = np.random.default_rng(99)
+    batch = 30_000
+    p = np.array([0.5, 0.3, 0.2], dtype=np.float32)
+    q_true = np.array([0.1, 0.1, 0.8], dtype=np.float32)
+    q_claimed = np.array([0.6, 0.2, 0.2], dtype=np.float32)
+    tokens = np.array(
+        [[sample_from_distribution(q_true, rng.random())] for _ in range(batch)], dtype=np.int32
+    )
+    _, output = mx_verify_draft_tokens(
+        mx.array(np.broadcast_to(p, (batch, 2, 3)).copy()),
+        mx.array(np.broadcast_to(q_claimed, (batch, 1, 3)).copy()),
+        mx.array(tokens),
+        mx.array(rng.random((batch, 1), dtype=np.float32)),
+        mx.array(rng.random(batch, dtype=np.float32)),
+    )
+    first = np.array(output)[:, 0]
+    observed = np.bincount(first, minlength=3)
+    assert stats.chisquare(observed, p * batch).pvalue < 1e-20
+
+
+# ---------------------------------------------------------------------------------------------
+# Filtering, penalties, temperature
+# ---------------------------------------------------------------------------------------------
+
+
+def _support(probs: np.ndarray) -> set[int]:
+    return set(np.flatnonzero(probs > 0).tolist())
+
+
+def test_top_k_keeps_ties_at_the_boundary() -> None:
+    probs = np.array([0.1, 0.3, 0.2, 0.2, 0.2])
+    assert _support(apply_top_p_top_k(probs, top_k=1)) == {1}
+    assert _support(apply_top_p_top_k(probs, top_k=2)) == {1, 2, 3, 4}
+    assert _support(apply_top_p_top_k(probs, top_k=5)) == {0, 1, 2, 3, 4}
+
+
+def test_top_p_keeps_smallest_prefix_reaching_the_mass_plus_ties() -> None:
+    probs = np.array([0.125, 0.5, 0.25, 0.125])
+    assert _support(apply_top_p_top_k(probs, top_p=0.5)) == {1}
+    assert _support(apply_top_p_top_k(probs, top_p=0.5 + 1e-9)) == {1, 2}
+    assert _support(apply_top_p_top_k(probs, top_p=0.75)) == {1, 2}
+    assert _support(apply_top_p_top_k(probs, top_p=0.8)) == {0, 1, 2, 3}  # the 0.125 tie
+    filtered = apply_top_p_top_k(probs, top_p=0.75)
+    np.testing.assert_allclose(filtered, [0, 2 / 3, 1 / 3, 0])
+
+
+def test_top_p_is_measured_after_top_k() -> None:
+    probs = np.array([0.4, 0.3, 0.2, 0.1])
+    # After top-k=2 the survivors weigh 4/7 and 3/7; top-p 0.5 then keeps only the first.
+    assert _support(apply_top_p_top_k(probs, top_p=0.5, top_k=2)) == {0}
+
+
+def test_min_p_keeps_tokens_at_least_min_p_times_the_max() -> None:
+    probs = np.array([0.5, 0.25, 0.125, 0.125])
+    assert _support(apply_top_p_top_k(probs, min_p=0.25)) == {0, 1, 2, 3}
+    assert _support(apply_top_p_top_k(probs, min_p=0.5)) == {0, 1}
+    assert _support(apply_top_p_top_k(probs, min_p=1.0)) == {0}
+
+
+def test_filters_never_empty_the_support() -> None:
+    probs = np.full(8, 1 / 8)
+    for top_p, top_k, min_p in [(1e-9, 1, 1.0), (0.01, 0, 0.0), (1.0, 1, 0.0)]:
+        filtered = apply_top_p_top_k(probs, top_p, top_k, min_p)
+        assert filtered.sum() == pytest.approx(1.0)
+        assert _support(filtered)
+
+
+def test_penalties_change_exactly_the_seen_logits() -> None:
+    logits = np.array([2.0, -2.0, 1.0, 0.5, -1.0])
+    counts = np.array([0, 3, 1, 0, 0])
+    config = SamplerConfig(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    out = apply_penalties(logits, counts, config)
+    np.testing.assert_allclose(out, [2.0, -2.0 * 2 - 1.5 - 0.25, 1.0 / 2 - 0.5 - 0.25, 0.5, -1.0])
+
+
+def test_logit_bias_adds_to_named_tokens_only() -> None:
+    logits = np.zeros(4)
+    out = apply_penalties(logits, None, SamplerConfig(logit_bias={2: 5.0, "0": -100}))
+    np.testing.assert_array_equal(out, [-100.0, 0.0, 5.0, 0.0])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        apply_penalties(logits, None, SamplerConfig(logit_bias={9: 1.0}))
+
+
+def test_penalties_without_history_change_nothing() -> None:
+    logits = np.array([1.0, 2.0])
+    config = SamplerConfig(repetition_penalty=1.5, presence_penalty=1.0)
+    np.testing.assert_array_equal(apply_penalties(logits, None, config), logits)
+
+
+def test_temperature_zero_is_argmax_with_ties_to_lowest_id() -> None:
+    greedy = SamplerConfig(temperature=0)
+    np.testing.assert_array_equal(
+        distribution_from_logits(np.array([1.0, 3.0, 3.0]), greedy), [0, 1, 0]
+    )
+    np.testing.assert_array_equal(
+        distribution_from_logits(np.array([3.0, 1.0, 2.0]), greedy, np.array([1, 0, 0])), [1, 0, 0]
+    )
+    np.testing.assert_array_equal(
+        np.array(mx_distribution_from_logits(mx.array([1.0, 3.0, 3.0]), greedy)), [0, 1, 0]
+    )
+
+
+def test_temperature_scales_logits_before_softmax() -> None:
+    logits = np.array([1.0, 2.0, 0.0])
+    probs = distribution_from_logits(logits, SamplerConfig(temperature=0.5))
+    expected = np.exp(logits / 0.5) / np.exp(logits / 0.5).sum()
+    np.testing.assert_allclose(probs, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplerConfig(),
+        SamplerConfig(temperature=0.7, top_k=20),
+        SamplerConfig(temperature=1.3, top_p=0.9),
+        SamplerConfig(temperature=0.6, top_p=0.95, top_k=20, min_p=0.05),
+        SamplerConfig(repetition_penalty=1.3, frequency_penalty=0.7, presence_penalty=-0.4),
+        SamplerConfig(temperature=0.8, logit_bias={3: 4.0, 10: -100.0}, min_p=0.1),
+    ],
+    ids=["default", "top-k", "top-p", "all-filters", "penalties", "bias+min-p"],
+)
+def test_mlx_distribution_matches_numpy_reference(config: SamplerConfig) -> None:
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((16, 200)) * 3).astype(np.float32)
+    counts = rng.poisson(0.3, size=(16, 200))
+    expected = distribution_from_logits(logits, config, counts)
+    actual = np.array(mx_distribution_from_logits(mx.array(logits), config, mx.array(counts)))
+    assert (_support_mask(actual) == _support_mask(expected)).all()
+    np.testing.assert_allclose(actual, expected, rtol=2e-5, atol=1e-7)
+
+
+def _support_mask(probs: np.ndarray) -> np.ndarray:
+    return probs > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# SamplerConfig validation
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sampler_config_defaults_match_openai() -> None:
+    config = SamplerConfig()
+    assert (config.temperature, config.top_p, config.top_k, config.min_p) == (1.0, 1.0, 0, 0.0)
+    assert config.repetition_penalty == 1.0 and not config.logit_bias and config.seed is None
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", -0.1),
+        ("temperature", float("nan")),
+        ("temperature", float("inf")),
+        ("temperature", "hot"),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_p", float("nan")),
+        ("top_k", -1),
+        ("top_k", 2.5),
+        ("min_p", -0.1),
+        ("min_p", 1.1),
+        ("presence_penalty", 3.0),
+        ("frequency_penalty", float("nan")),
+        ("repetition_penalty", 0.0),
+        ("logit_bias", {1: 200.0}),
+        ("logit_bias", {-1: 1.0}),
+        ("logit_bias", [1, 2]),
+        ("seed", 1.5),
+    ],
+)
+def test_invalid_sampler_config_names_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplerConfig(**{field: value})
+
+
+def test_sampler_config_is_frozen() -> None:
+    config = SamplerConfig(logit_bias={1: 1.0})
+    with pytest.raises(AttributeError):
+        config.temperature = 0.5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        config.logit_bias[2] = 1.0  # type: ignore[index]
