@@ -1,0 +1,71 @@
+"""What the engine needs from a loaded checkpoint: the contract between `mtplx.models` and
+the engine. Loading code produces a `LoadedModel`; the engine and the drafters use only the
+names here.
+
+Alignment of MTP heads (the Qwen3-Next / DeepSeek-V3 convention): the target's hidden state
+at position i (the one whose logits predict token x[i+1]) is paired with the embedding of
+x[i+1]; the head's output at that position predicts x[i+2]. Depth > 1 recurses: the head's own
+output hidden state at position i is paired with the embedding of the token it drafted for
+x[i+2], at position i+1, and predicts x[i+3].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import mlx.core as mx
+
+
+class TargetModel(Protocol):
+    """The target: one forward returning logits and the final hidden states."""
+
+    vocab_size: int
+    hidden_size: int
+
+    def make_cache(self) -> list[Any]:
+        """Fresh per-sequence cache objects (mlx-lm's: trimmable KV, non-trimmable state)."""
+        ...
+
+    def __call__(self, tokens: mx.array, cache: list[Any]) -> tuple[mx.array, mx.array]:
+        """tokens: [B, T] int -> (logits [B, T, V], hidden [B, T, H]).
+
+        ``hidden`` is what the MTP heads read: the final hidden state at each position."""
+        ...
+
+
+class MTPHead(Protocol):
+    """One multi-token-prediction module (one of ``num_nextn_predict_layers`` /
+    ``mtp_num_hidden_layers`` blocks, or the recursive head of a Qwen3-Next checkpoint)."""
+
+    def make_cache(self) -> list[Any]:
+        """Fresh per-sequence cache objects for the head's own attention layer(s)."""
+        ...
+
+    def __call__(
+        self, hidden: mx.array, next_tokens: mx.array, cache: list[Any]
+    ) -> tuple[mx.array, mx.array]:
+        """hidden: [B, T, H] (target's or the head's own previous output), next_tokens: [B, T]
+        (the token each hidden state predicted) -> (logits [B, T, V'], hidden [B, T, H]).
+
+        V' is the draft vocabulary: the full V, or a reduced one mapped by
+        ``LoadedModel.draft_vocab`` (draft id j -> target token id draft_vocab[j])."""
+        ...
+
+
+@dataclass
+class LoadedModel:
+    """A checkpoint ready for the engine."""
+
+    path: Path
+    model_type: str
+    target: TargetModel
+    tokenizer: Any  # mlx_lm.tokenizer_utils.TokenizerWrapper (encode, decode, detokenizer, chat template)
+    config: dict[str, Any]
+    context_length: int
+    mtp_heads: list[MTPHead] = field(default_factory=list)
+    # Target token id of each draft-vocabulary entry when the heads draft over a reduced
+    # vocabulary: int32 [V'], or None when V' == V.
+    draft_vocab: mx.array | None = None
+    eos_token_ids: set[int] = field(default_factory=set)
