@@ -61,7 +61,7 @@ class LoadedModel:
     path: Path
     model_type: str
     target: TargetModel
-    tokenizer: Any  # mlx_lm.tokenizer_utils.TokenizerWrapper (encode, decode, detokenizer, chat template)
+    tokenizer: Any  # mlx_lm TokenizerWrapper: encode, decode, detokenizer, chat template
     config: dict[str, Any]
     context_length: int
     mtp_heads: list[MTPHead] = field(default_factory=list)

@@ -1,0 +1,105 @@
+"""What goes into the engine and what comes out of it: a generation request, the token
+events it yields, and the finish event with its speculative statistics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from mtplx.sampling import SamplerConfig
+
+DRAFTER_NAMES = ("mtp", "draft_model", "ngram", "none")
+MAX_DEPTH = 16
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One sequence to generate.
+
+    ``drafter`` None means the engine's default drafter; ``depth`` None means the adaptive
+    depth policy, an integer a fixed number of draft tokens per cycle (0 = plain decoding).
+    ``logprobs`` None means no logprobs; k >= 0 means the sampled token's logprob plus the
+    k most likely alternatives (OpenAI's ``top_logprobs``).
+    """
+
+    prompt_ids: Sequence[int]
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    max_tokens: int = 256
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    drafter: str | None = None
+    depth: int | None = None
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise ValueError(f"max_tokens must be an integer, got {self.max_tokens!r}")
+        if self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
+        if len(self.prompt_ids) == 0:
+            raise ValueError("prompt_ids must not be empty")
+        if self.drafter is not None and self.drafter not in DRAFTER_NAMES:
+            raise ValueError(f"drafter must be one of {DRAFTER_NAMES}, got {self.drafter!r}")
+        if self.depth is not None and (
+            isinstance(self.depth, bool)
+            or not isinstance(self.depth, int)
+            or not 0 <= self.depth <= MAX_DEPTH
+        ):
+            raise ValueError(f"depth must be an integer in [0, {MAX_DEPTH}], got {self.depth!r}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop must be a list of non-empty strings")
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One committed token. ``text`` is the detokenized piece it completes (may be empty
+    while a multi-byte character is incomplete; never splits a UTF-8 character)."""
+
+    token_id: int
+    text: str
+    drafted: bool  # an accepted draft token (False: recovered, bonus or plainly sampled)
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] | None = None  # (token id, logprob), best first
+
+
+@dataclass
+class GenerationStats:
+    """Per-request counters: the numbers vLLM and llama.cpp export for speculation."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    num_cycles: int = 0  # verify forwards (plain decoding steps count as cycles of depth 0)
+    num_drafts: int = 0  # cycles that verified at least one draft token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
+    num_recovered: int = 0
+    num_bonus: int = 0
+    prefill_time: float = 0.0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens committed per verify forward (accepted + 1), over drafting cycles."""
+        if self.num_drafts == 0:
+            return 1.0
+        return (self.num_accepted_tokens + self.num_drafts) / self.num_drafts
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over draft tokens."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """The last event of a generation."""
+
+    finish_reason: Literal["stop", "length"]
+    stats: GenerationStats
