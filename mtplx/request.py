@@ -99,7 +99,9 @@ class GenerationStats:
 
 @dataclass(frozen=True)
 class FinishEvent:
-    """The last event of a generation."""
+    """The last event of a generation. ``text`` is the tail the detokenizer or a possible
+    stop-string prefix still held back; it belongs after the last token's text."""
 
     finish_reason: Literal["stop", "length"]
     stats: GenerationStats
+    text: str = ""

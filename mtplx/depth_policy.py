@@ -1,0 +1,75 @@
+"""Adaptive draft depth: pick the number of draft tokens per cycle that maximises expected
+committed tokens per second, from measured acceptance and measured cycle cost, down to 0
+(plain decoding) when speculation does not pay.
+
+With a_j the chance that draft position j is accepted given positions < j were, a cycle of
+depth K commits on average ``E(K) = 1 + sum_{j<=K} prod_{i<=j} a_i`` tokens and costs
+``cost(K)``; the policy picks ``argmax_K E(K) / cost(K)``. The choice depends only on the
+request's own acceptance counts and the engine's cost table, so a seeded request replays the
+same schedule (and output) in the same process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class AdaptiveDepth:
+    """Per-request depth chooser. ``cycle_cost[K]``: seconds of one cycle of depth K."""
+
+    def __init__(
+        self,
+        cycle_cost: Sequence[float],
+        prior_acceptance: float = 0.5,
+        prior_weight: float = 4.0,
+        decay: float = 0.97,
+        probe_interval: int = 16,
+    ) -> None:
+        if len(cycle_cost) < 1 or any(c <= 0 for c in cycle_cost):
+            raise ValueError("cycle_cost needs a positive cost for depth 0 and up")
+        self.cycle_cost = list(cycle_cost)
+        self.max_depth = len(cycle_cost) - 1
+        self.prior_acceptance = prior_acceptance
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.probe_interval = probe_interval
+        # Decayed counts per draft position: how often it was tested and accepted.
+        self.tested = [0.0] * self.max_depth
+        self.accepted = [0.0] * self.max_depth
+        self.plain_cycles = 0
+
+    def acceptance(self, position: int) -> float:
+        """Estimated acceptance of draft position ``position`` (0-based) given the earlier
+        ones were accepted: a Beta-prior mean over decayed counts."""
+        prior = self.prior_weight
+        return (self.accepted[position] + prior * self.prior_acceptance) / (
+            self.tested[position] + prior
+        )
+
+    def expected_tokens(self, depth: int) -> float:
+        """E(depth): expected committed tokens of one cycle."""
+        total, survive = 1.0, 1.0
+        for position in range(depth):
+            survive *= self.acceptance(position)
+            total += survive
+        return total
+
+    def choose(self, limit: int | None = None) -> int:
+        """The depth for the next cycle, at most ``limit``."""
+        max_depth = self.max_depth if limit is None else min(self.max_depth, limit)
+        rates = [self.expected_tokens(k) / self.cycle_cost[k] for k in range(max_depth + 1)]
+        best = max(range(max_depth + 1), key=rates.__getitem__)
+        if best == 0 and max_depth > 0:
+            self.plain_cycles += 1
+            if self.plain_cycles % self.probe_interval == 0:
+                return 1  # keep measuring, so a drafter that starts to pay is noticed
+        return best
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        """Record a cycle: positions 0..num_accepted were tested, 0..num_accepted-1 passed."""
+        for position in range(self.max_depth):
+            self.tested[position] *= self.decay
+            self.accepted[position] *= self.decay
+        for position in range(min(num_drafted, num_accepted + 1)):
+            self.tested[position] += 1.0
+            self.accepted[position] += position < num_accepted

@@ -1,0 +1,88 @@
+"""The Drafter protocol and the draft sampler every drafter draws its tokens with."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import mlx.core as mx
+
+from mtplx.sampling import SamplerConfig, mx_distribution_from_logits, mx_sample
+
+
+class DraftSampler:
+    """Draws the draft tokens of one cycle and records q, the distribution each was drawn from.
+
+    The same sampler settings as the target (temperature, penalties, bias, filters) apply, so
+    q is close to p; at temperature 0 the draft is the one-hot argmax. Penalty counts include
+    the earlier draft tokens of the cycle, as the target's p at that position does. Logits over
+    a reduced draft vocabulary are scattered into the full vocabulary with -inf elsewhere, so q
+    is exactly zero outside it and acceptance stays exact.
+    """
+
+    def __init__(
+        self,
+        config: SamplerConfig,
+        vocab_size: int,
+        uniforms: mx.array,
+        token_counts: mx.array | None = None,
+        draft_vocab: mx.array | None = None,
+    ) -> None:
+        """uniforms: [k] one per draft position; token_counts: [V]; draft_vocab: [V'] target
+        token id of each draft-vocabulary entry."""
+        self.config = config
+        self.vocab_size = vocab_size
+        self.uniforms = uniforms
+        self.token_counts = token_counts if config.has_penalties else None
+        self.draft_vocab = draft_vocab
+        self.num_drawn = 0
+
+    def __call__(self, logits: mx.array) -> tuple[mx.array, mx.array]:
+        """logits: [V] or [V'] for the next draft position -> (token [] int32, q [V])."""
+        if self.draft_vocab is not None:
+            full = mx.full((self.vocab_size,), -mx.inf, dtype=mx.float32)
+            full[self.draft_vocab] = logits.astype(mx.float32)
+            logits = full
+        q = mx_distribution_from_logits(logits[None], self.config, self._counts())[0]
+        if self.config.is_greedy:
+            token = mx.argmax(q).astype(mx.int32)
+        else:
+            uniform = self.uniforms[self.num_drawn : self.num_drawn + 1]
+            token = mx_sample(q[None], uniform)[0].astype(mx.int32)
+        if self.token_counts is not None:
+            self.token_counts = self.token_counts + (mx.arange(self.vocab_size) == token)
+        self.num_drawn += 1
+        return token, q
+
+    def _counts(self) -> mx.array | None:
+        return None if self.token_counts is None else self.token_counts[None]
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens for one sequence and keeps its own state in step with the
+    committed history (never with rejected draft tokens)."""
+
+    name: str
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """Start a new sequence whose committed history is ``prompt_ids``'s first token."""
+        ...
+
+    def commit(self, new_tokens: list[int], target_hidden: mx.array | None) -> None:
+        """Append committed tokens to the history.
+
+        new_tokens: [n] the tokens committed since the last call; target_hidden: [1, n, H],
+        row i the target's hidden state at the position whose next token is new_tokens[i]
+        (None when the drafter declared it does not read hidden states)."""
+        ...
+
+    def propose(
+        self, history: list[int], k: int, sample: DraftSampler
+    ) -> tuple[list[mx.array], list[mx.array]]:
+        """Up to k draft tokens (each a scalar int32 array, left lazy) with their q ([V] each).
+        May return fewer than k, or none, when it has nothing to propose."""
+        ...
+
+    @property
+    def needs_hidden(self) -> bool:
+        """Whether ``commit`` reads the target's hidden states."""
+        ...

@@ -1,0 +1,286 @@
+"""The engine: owns a loaded model and all MLX work, on one thread.
+
+``generate`` runs prefill, then the step loop — choose a depth, run one draft / verify /
+accept / commit cycle (``mtplx.speculative.run_cycle``), emit the committed tokens — until a
+stop condition. Closing the generator cancels the request between cycles.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import mlx.core as mx
+
+from mtplx import cache as cache_ops
+from mtplx.depth_policy import AdaptiveDepth
+from mtplx.drafters import Drafter, DraftModelDrafter, MTPDrafter, NgramDrafter
+from mtplx.models.base import LoadedModel, TargetModel
+from mtplx.output import TextEmitter
+from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
+from mtplx.sampling import mx_distribution_from_logits, mx_sample
+from mtplx.speculative import CycleResult, SequenceState, cycle_uniforms, run_cycle
+
+logger = logging.getLogger(__name__)
+
+# Prior acceptance per drafter for the adaptive policy, before a request has measured its own.
+PRIOR_ACCEPTANCE = {"mtp": 0.6, "draft_model": 0.6, "ngram": 0.3}
+
+
+class Engine:
+    """Speculative generation over one loaded model. Not thread-safe: one thread uses it."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        default_drafter: str | None = None,
+        default_depth: int | None = None,
+        draft_model: TargetModel | None = None,
+        max_adaptive_depth: int = 5,
+        prefill_chunk_size: int = 512,
+    ) -> None:
+        self.model = model
+        self.target = model.target
+        self.tokenizer = model.tokenizer
+        self.model_name = model.path.name
+        self.context_length = model.context_length
+        self.vocab_size = model.target.vocab_size
+        self.max_adaptive_depth = max_adaptive_depth
+        self.prefill_chunk_size = prefill_chunk_size
+        self._drafters: dict[str, Drafter | None] = {"none": None, "ngram": NgramDrafter()}
+        if model.mtp_heads:
+            self._drafters["mtp"] = MTPDrafter(model)
+        if draft_model is not None:
+            if draft_model.vocab_size != self.vocab_size:
+                raise ValueError(
+                    f"draft model vocabulary ({draft_model.vocab_size}) differs from the "
+                    f"target's ({self.vocab_size})"
+                )
+            self._drafters["draft_model"] = DraftModelDrafter(draft_model)
+        self.available_drafters = tuple(self._drafters)
+        if default_drafter is None:
+            default_drafter = "mtp" if "mtp" in self._drafters else "ngram"
+        if default_drafter not in self._drafters:
+            raise ValueError(
+                f"drafter {default_drafter!r} is not available for {self.model_name}; "
+                f"available: {', '.join(self.available_drafters)}"
+            )
+        self.default_drafter = default_drafter
+        self.default_depth = default_depth
+        self._cycle_costs: dict[str, list[float]] = {}
+        self.eos_token_ids = set(model.eos_token_ids) | set(
+            getattr(self.tokenizer, "eos_token_ids", set()) or set()
+        )
+
+    # -- request checks ---------------------------------------------------------------------
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise ValueError naming the field before any work if ``request`` cannot run."""
+        drafter = request.drafter or self.default_drafter
+        if drafter not in self._drafters:
+            raise ValueError(
+                f"drafter {drafter!r} is not available for {self.model_name}; "
+                f"available: {', '.join(self.available_drafters)}"
+            )
+        num_prompt = len(request.prompt_ids)
+        if num_prompt >= self.context_length:
+            raise ValueError(
+                f"prompt is {num_prompt} tokens, over the context length {self.context_length}"
+            )
+        bad = [t for t in request.prompt_ids if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary")
+        bad = [t for t in request.sampler.logit_bias if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token ids {bad[:5]} are outside the vocabulary")
+        bad = [t for t in request.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary")
+
+    def token_text(self, token_id: int) -> str:
+        """Text of one token (for top logprobs)."""
+        return self.tokenizer.decode([token_id])
+
+    # -- generation -------------------------------------------------------------------------
+
+    def generate(self, request: GenerationRequest) -> Iterator[TokenEvent | FinishEvent]:
+        """Yield a TokenEvent per committed token, then one FinishEvent."""
+        self.validate(request)
+        config = request.sampler
+        drafter_name = request.drafter or self.default_drafter
+        drafter = self._drafters[drafter_name]
+        depth = request.depth if request.depth is not None else self.default_depth
+        policy = None
+        if depth is None and drafter is not None:
+            policy = AdaptiveDepth(
+                self.cycle_costs(drafter_name), prior_acceptance=PRIOR_ACCEPTANCE[drafter_name]
+            )
+        seed = config.seed if config.seed is not None else secrets.randbits(63)
+        prompt = [int(t) for t in request.prompt_ids]
+        state = SequenceState(
+            tokens=list(prompt),
+            num_prompt_tokens=len(prompt),
+            cache=self.target.make_cache(),
+            seed=seed,
+            token_counts=mx.zeros((self.vocab_size,), mx.int32) if config.has_penalties else None,
+        )
+        stats = GenerationStats(prompt_tokens=len(prompt))
+        emitter = TextEmitter(self.tokenizer.detokenizer, request.stop)
+        stop_ids = set(request.stop_token_ids)
+        if not request.ignore_eos:
+            stop_ids |= self.eos_token_ids
+
+        started = time.perf_counter()
+        first = self._prefill(state, drafter, request)
+        stats.prefill_time = time.perf_counter() - started
+        pending: CycleResult | None = first
+        while True:
+            for index, token in enumerate(pending.committed):
+                state.tokens.append(token)
+                stats.completion_tokens += 0 if token in stop_ids else 1
+                if token in stop_ids:
+                    yield FinishEvent("stop", stats, emitter.flush())
+                    return
+                text = emitter.add(token)
+                yield self._token_event(pending, index, token, text, request.logprobs)
+                if emitter.stopped:
+                    yield FinishEvent("stop", stats)
+                    return
+                if state.num_output_tokens >= request.max_tokens:
+                    yield FinishEvent("length", stats, emitter.flush())
+                    return
+            if state.token_counts is not None:
+                committed = mx.array(pending.committed, mx.int32)
+                state.token_counts = state.token_counts.at[committed].add(1)
+            room = min(
+                request.max_tokens - state.num_output_tokens,
+                self.context_length - len(state.tokens),
+            )
+            if room <= 0:
+                yield FinishEvent("length", stats, emitter.flush())
+                return
+            num_draft = 0
+            if drafter is not None:
+                num_draft = policy.choose(room - 1) if policy else min(depth or 0, room - 1)
+            pending = run_cycle(
+                self.target, drafter, state, config, num_draft, self.model.draft_vocab
+            )
+            if policy is not None and num_draft > 0:
+                policy.update(pending.num_drafted, pending.num_accepted)
+            _record(stats, pending)
+
+    def _prefill(
+        self, state: SequenceState, drafter: Drafter | None, request: GenerationRequest
+    ) -> CycleResult:
+        """Run the prompt through the target in chunks and sample the first token."""
+        prompt = state.tokens
+        hiddens = []
+        for start in range(0, len(prompt), self.prefill_chunk_size):
+            chunk = mx.array(prompt[start : start + self.prefill_chunk_size], mx.int32)[None]
+            logits, hidden = self.target(chunk, state.cache)
+            if drafter is not None and drafter.needs_hidden:
+                hiddens.append(hidden)
+            mx.eval(logits, hiddens)
+        last_logits = logits[0, -1:]
+        probs = mx_distribution_from_logits(
+            last_logits,
+            request.sampler,
+            None if state.token_counts is None else state.token_counts[None],
+        )
+        uniform = cycle_uniforms(state.seed, len(prompt), 0)
+        token = int(mx_sample(probs, uniform).item())
+        if drafter is not None:
+            drafter.reset(prompt)
+            target_hidden = mx.concatenate(hiddens, axis=1) if hiddens else None
+            drafter.commit([*prompt[1:], token], target_hidden)
+        return CycleResult([token], 0, 0, last_logits, 0.0, 0.0)
+
+    def _token_event(
+        self, result: CycleResult, index: int, token: int, text: str, logprobs: int | None
+    ) -> TokenEvent:
+        drafted = index < result.num_accepted
+        if logprobs is None:
+            return TokenEvent(token, text, drafted)
+        logits = result.target_logits[index].astype(mx.float32)
+        log_probs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        top: tuple[tuple[int, float], ...] = ()
+        if logprobs > 0:
+            top_ids = mx.argpartition(-log_probs, kth=logprobs - 1)[:logprobs]
+            pairs = zip(top_ids.tolist(), log_probs[top_ids].tolist(), strict=True)
+            top = tuple(sorted(pairs, key=lambda pair: -pair[1]))
+        return TokenEvent(token, text, drafted, float(log_probs[token].item()), top)
+
+    # -- cost calibration for the adaptive depth policy --------------------------------------
+
+    def cycle_costs(self, drafter_name: str) -> list[float]:
+        """Seconds of one cycle at depth 0..max_adaptive_depth for ``drafter_name``, measured
+        once per engine (median of repeats) and then fixed."""
+        if drafter_name not in self._cycle_costs:
+            self._cycle_costs[drafter_name] = self._measure_cycle_costs(drafter_name)
+            logger.info(
+                "cycle costs for %s: %s ms",
+                drafter_name,
+                [round(c * 1e3, 2) for c in self._cycle_costs[drafter_name]],
+            )
+        return self._cycle_costs[drafter_name]
+
+    def _measure_cycle_costs(self, drafter_name: str, repeats: int = 3) -> list[float]:
+        cache = self.target.make_cache()
+        context = mx.arange(32, dtype=mx.int32)[None] % self.vocab_size
+        mx.eval(self.target(context, cache))
+        point = cache_ops.checkpoint(cache)
+
+        def timed(run: Any) -> float:
+            samples = []
+            for _ in range(repeats + 1):
+                started = time.perf_counter()
+                mx.eval(run())
+                samples.append(time.perf_counter() - started)
+                cache_ops.rollback(cache, point)
+            return statistics.median(samples[1:])
+
+        verify = [
+            timed(lambda n=n: self.target(context[:, :n], cache)[0])
+            for n in range(1, self.max_adaptive_depth + 2)
+        ]
+        draft_step = 0.0
+        if drafter_name == "mtp":
+            head = self.model.mtp_heads[0]
+            head_cache = head.make_cache()
+            hidden = self.target(context[:, :1], cache)[1]
+            cache_ops.rollback(cache, point)
+            draft_step = timed(lambda: head(hidden, context[:, :1], head_cache)[0])
+        elif drafter_name == "draft_model":
+            draft = self._drafters["draft_model"].draft  # type: ignore[union-attr]
+            draft_cache = draft.make_cache()
+            draft_step = timed(lambda: draft(context[:, :1], draft_cache)[0])
+        # A drafting cycle also feeds the committed tokens to the drafter: one more step.
+        return [verify[0]] + [verify[k] + (k + 1) * draft_step for k in range(1, len(verify))]
+
+
+def _record(stats: GenerationStats, result: CycleResult) -> None:
+    """Add one cycle to the request's counters."""
+    stats.num_cycles += 1
+    stats.draft_time += result.draft_time
+    stats.verify_time += result.verify_time
+    if result.num_drafted == 0:
+        return
+    stats.num_drafts += 1
+    stats.num_draft_tokens += result.num_drafted
+    stats.num_accepted_tokens += result.num_accepted
+    for counts, limit in (
+        (stats.drafted_per_position, result.num_drafted),
+        (stats.accepted_per_position, result.num_accepted),
+    ):
+        counts.extend([0] * (limit - len(counts)))
+        for position in range(limit):
+            counts[position] += 1
+    if result.num_accepted < result.num_drafted:
+        stats.num_recovered += 1
+    else:
+        stats.num_bonus += 1

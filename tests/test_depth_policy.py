@@ -1,0 +1,68 @@
+"""The adaptive depth policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtplx.depth_policy import AdaptiveDepth
+
+# A verify of K+1 tokens costs a little more than one token; drafting is cheap.
+COSTS = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
+
+
+def _drive(policy: AdaptiveDepth, acceptance: float, cycles: int = 200) -> list[int]:
+    """Simulate cycles where each draft position passes with the given rate (deterministic
+    pattern: the expected number of leading acceptances)."""
+    chosen = []
+    credit = 0.0
+    for _ in range(cycles):
+        depth = policy.choose()
+        chosen.append(depth)
+        accepted = 0
+        for _ in range(depth):
+            credit += acceptance
+            if credit >= 1.0:
+                credit -= 1.0
+                accepted += 1
+            else:
+                break
+        if depth:
+            policy.update(depth, accepted)
+    return chosen
+
+
+def test_high_acceptance_drafts_deep() -> None:
+    chosen = _drive(AdaptiveDepth(COSTS), acceptance=0.95)
+    assert sum(chosen[-50:]) / 50 >= 4
+
+
+def test_useless_drafter_falls_back_to_plain_decoding_with_rare_probes() -> None:
+    policy = AdaptiveDepth(COSTS, probe_interval=16)
+    chosen = _drive(policy, acceptance=0.0)
+    tail = chosen[-160:]
+    assert tail.count(0) >= 150 and set(tail) <= {0, 1}
+
+
+def test_expensive_drafting_needs_more_acceptance() -> None:
+    cheap = AdaptiveDepth([1.0, 1.1, 1.2])
+    dear = AdaptiveDepth([1.0, 2.0, 3.0])
+    for policy in (cheap, dear):
+        for _ in range(50):
+            policy.update(2, 1)  # position 1 passes, position 2 fails
+    assert cheap.choose() >= 1 and dear.choose() == 0
+
+
+def test_limit_caps_depth() -> None:
+    policy = AdaptiveDepth(COSTS, prior_acceptance=0.99)
+    assert policy.choose(limit=2) == 2
+    assert policy.choose(limit=0) == 0
+
+
+def test_expected_tokens_formula() -> None:
+    policy = AdaptiveDepth([1.0, 1.0, 1.0], prior_acceptance=0.5, prior_weight=1.0)
+    assert policy.expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_invalid_costs_rejected() -> None:
+    with pytest.raises(ValueError, match="cycle_cost"):
+        AdaptiveDepth([])
