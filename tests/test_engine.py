@@ -1,0 +1,227 @@
+"""The engine end to end on fixture checkpoints: greedy speculative output equals plain
+decoding for every drafter and depth, seeded determinism, stop conditions, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.fixtures.checkpoints import build_checkpoint
+
+from mtplx.engine import Engine
+from mtplx.models import load, make_layer_skip_draft
+from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
+from mtplx.sampling import SamplerConfig
+
+GREEDY = SamplerConfig(temperature=0.0)
+NUM_PROMPTS = 20
+NUM_TOKENS = 128
+
+
+def _prompts(vocab_size: int, count: int) -> list[list[int]]:
+    """Deterministic prompts of varied length and content, some with repeats for n-gram."""
+    prompts = []
+    for i in range(count):
+        length = 3 + (i * 7) % 29
+        prompt = [(17 * i + 31 * j * j + 5) % (vocab_size - 3) + 3 for j in range(length)]
+        if i % 3 == 0:
+            prompt = prompt + prompt[: length // 2]
+        prompts.append(prompt)
+    return prompts
+
+
+def generate(engine: Engine, request: GenerationRequest) -> tuple[list[int], FinishEvent]:
+    """All token ids of a generation and its finish event."""
+    tokens, finish = [], None
+    for event in engine.generate(request):
+        if isinstance(event, TokenEvent):
+            tokens.append(event.token_id)
+        else:
+            finish = event
+    assert finish is not None
+    return tokens, finish
+
+
+def load_fixture(kind: str, directory: Path) -> Engine:
+    """Build the fixture checkpoint ``kind`` and an engine with a 1-layer layer-skip draft."""
+    build_checkpoint(kind, directory)
+    model = load(directory)
+    return Engine(model, draft_model=make_layer_skip_draft(model, 1))
+
+
+@pytest.fixture(scope="module")
+def llama_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    return load_fixture("llama_mtp", tmp_path_factory.mktemp("llama_mtp"))
+
+
+def _assert_greedy_equal(engine: Engine, num_prompts: int, num_tokens: int, depths) -> None:
+    prompts = _prompts(engine.vocab_size, num_prompts)
+    plain = {}
+    for index, prompt in enumerate(prompts):
+        request = GenerationRequest(
+            prompt, GREEDY, max_tokens=num_tokens, drafter="none", ignore_eos=True
+        )
+        plain[index], finish = generate(engine, request)
+        assert len(plain[index]) == num_tokens and finish.finish_reason == "length"
+    assert len({tuple(tokens) for tokens in plain.values()}) > num_prompts // 2  # not degenerate
+    for drafter in ("mtp", "draft_model", "ngram"):
+        for depth in depths:
+            for index, prompt in enumerate(prompts):
+                request = GenerationRequest(
+                    prompt,
+                    GREEDY,
+                    max_tokens=num_tokens,
+                    drafter=drafter,
+                    depth=depth,
+                    ignore_eos=True,
+                )
+                tokens, _ = generate(engine, request)
+                assert tokens == plain[index], (drafter, depth, index)
+
+
+def test_greedy_speculative_equals_plain_llama(llama_engine: Engine) -> None:
+    _assert_greedy_equal(llama_engine, NUM_PROMPTS, NUM_TOKENS, depths=(1, 2, 3, 4, None))
+
+
+@pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5", "deepseek_v3"])
+def test_greedy_speculative_equals_plain_other_families(
+    kind: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    engine = load_fixture(kind, tmp_path_factory.mktemp(kind))
+    _assert_greedy_equal(engine, num_prompts=4, num_tokens=48, depths=(1, 3))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["qwen3_next", "qwen3_5", "deepseek_v3", "deepseek_v4"])
+def test_greedy_speculative_equals_plain_other_families_full(
+    kind: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    engine = load_fixture(kind, tmp_path_factory.mktemp(kind))
+    _assert_greedy_equal(engine, NUM_PROMPTS, NUM_TOKENS, depths=(1, 2, 3, 4))
+
+
+@pytest.mark.parametrize("drafter", ["none", "mtp", "draft_model", "ngram"])
+def test_same_seed_same_output(llama_engine: Engine, drafter: str) -> None:
+    config = SamplerConfig(temperature=0.9, top_p=0.95, seed=1234)
+    request = GenerationRequest([5, 6, 7, 5, 6], config, max_tokens=40, drafter=drafter, depth=3)
+    first, _ = generate(llama_engine, request)
+    second, _ = generate(llama_engine, request)
+    assert first == second
+    other = GenerationRequest(
+        [5, 6, 7, 5, 6],
+        SamplerConfig(temperature=0.9, top_p=0.95, seed=99),
+        max_tokens=40,
+        drafter=drafter,
+        depth=3,
+    )
+    assert generate(llama_engine, other)[0] != first
+
+
+def test_max_tokens_and_stats(llama_engine: Engine) -> None:
+    request = GenerationRequest([9, 8, 7], GREEDY, max_tokens=17, drafter="ngram", depth=4)
+    tokens, finish = generate(llama_engine, request)
+    assert len(tokens) == 17 and finish.finish_reason == "length"
+    stats = finish.stats
+    assert stats.completion_tokens == 17 and stats.prompt_tokens == 3
+    assert sum(stats.drafted_per_position) == stats.num_draft_tokens
+    assert sum(stats.accepted_per_position) == stats.num_accepted_tokens
+    assert stats.num_recovered + stats.num_bonus == stats.num_drafts
+
+
+def test_stop_token_ids_end_generation_without_emitting_it(llama_engine: Engine) -> None:
+    prompt = [11, 12, 13, 14]
+    tokens, _ = generate(llama_engine, GenerationRequest(prompt, GREEDY, max_tokens=30))
+    stop_token = tokens[5]
+    first = tokens.index(stop_token)
+    request = GenerationRequest(prompt, GREEDY, max_tokens=30, stop_token_ids=[stop_token])
+    stopped, finish = generate(llama_engine, request)
+    assert stopped == tokens[:first] and finish.finish_reason == "stop"
+
+
+def test_stop_string_ends_generation_and_is_not_emitted(llama_engine: Engine) -> None:
+    prompt = [21, 22, 23, 24, 25]
+    tokenizer = llama_engine.tokenizer
+    request = GenerationRequest(prompt, GREEDY, max_tokens=40, ignore_eos=True)
+    events = [e for e in llama_engine.generate(request) if isinstance(e, TokenEvent)]
+    full_text = "".join(e.text for e in events)
+    assert full_text == tokenizer.decode([e.token_id for e in events])
+    stop = full_text[len(full_text) // 2 : len(full_text) // 2 + 3]
+    assert stop
+    for drafter in ("none", "ngram", "mtp"):
+        stopped = GenerationRequest(
+            prompt, GREEDY, max_tokens=40, stop=[stop], drafter=drafter, depth=3, ignore_eos=True
+        )
+        pieces, finish = [], None
+        for event in llama_engine.generate(stopped):
+            if isinstance(event, TokenEvent):
+                pieces.append(event.text)
+            else:
+                finish = event
+        text = "".join(pieces) + finish.text
+        assert finish.finish_reason == "stop"
+        assert text == full_text[: full_text.index(stop)]
+
+
+def test_logprobs_are_reported_for_every_token(llama_engine: Engine) -> None:
+    request = GenerationRequest([3, 4, 5], GREEDY, max_tokens=8, logprobs=3, drafter="ngram")
+    events = [e for e in llama_engine.generate(request) if isinstance(e, TokenEvent)]
+    for event in events:
+        assert event.logprob is not None and event.logprob <= 0
+        assert len(event.top_logprobs) == 3
+        assert event.top_logprobs[0][0] == event.token_id  # greedy picks the most likely
+        assert event.top_logprobs[0][1] == pytest.approx(event.logprob)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"drafter": "medusa"}, "drafter"),
+        ({"depth": 99}, "depth"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"prompt_ids": []}, "prompt"),
+        ({"logprobs": 50}, "logprobs"),
+    ],
+)
+def test_bad_requests_are_rejected_by_name(kwargs: dict, field: str) -> None:
+    arguments = {"prompt_ids": [1, 2, 3], **kwargs}
+    with pytest.raises(ValueError, match=field):
+        GenerationRequest(**arguments)
+
+
+def test_engine_rejects_before_work_and_stays_usable(llama_engine: Engine) -> None:
+    too_long = [5] * llama_engine.context_length
+    with pytest.raises(ValueError, match="context length"):
+        next(llama_engine.generate(GenerationRequest(too_long, GREEDY)))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        next(llama_engine.generate(GenerationRequest([llama_engine.vocab_size + 5], GREEDY)))
+    tokens, _ = generate(llama_engine, GenerationRequest([1, 2, 3], GREEDY, max_tokens=5))
+    assert len(tokens) == 5
+
+
+def test_drafter_unavailable_without_mtp_heads(tmp_path: Path) -> None:
+    build_checkpoint("llama_no_mtp", tmp_path)
+    engine = Engine(load(tmp_path))
+    assert "mtp" not in engine.available_drafters and engine.default_drafter == "ngram"
+    with pytest.raises(ValueError, match="drafter 'mtp' is not available"):
+        engine.validate(GenerationRequest([1, 2], GREEDY, drafter="mtp"))
+
+
+def test_draft_model_with_another_vocabulary_is_rejected(
+    llama_engine: Engine, tmp_path: Path
+) -> None:
+    class OtherVocab:
+        vocab_size = llama_engine.vocab_size + 1
+        hidden_size = 8
+
+    with pytest.raises(ValueError, match="vocabulary"):
+        Engine(llama_engine.model, draft_model=OtherVocab())  # type: ignore[arg-type]
+
+
+def test_generation_can_be_cancelled_between_cycles(llama_engine: Engine) -> None:
+    stream = llama_engine.generate(GenerationRequest([1, 2, 3], GREEDY, max_tokens=100))
+    first = next(stream)
+    assert isinstance(first, TokenEvent)
+    stream.close()
+    tokens, _ = generate(llama_engine, GenerationRequest([1, 2, 3], GREEDY, max_tokens=4))
+    assert len(tokens) == 4

@@ -1,0 +1,251 @@
+"""The cycle: cache rollback leaves every cache as committed history alone would, and the
+output distribution at temperature > 0 equals plain decoding's, enumerated exactly."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+from tests.fixtures.checkpoints import build_checkpoint
+
+from mtplx.drafters import DraftModelDrafter, DraftSampler, MTPDrafter, NgramDrafter
+from mtplx.engine import Engine
+from mtplx.models import LoadedModel, load, make_layer_skip_draft
+from mtplx.request import GenerationRequest, TokenEvent
+from mtplx.sampling import SamplerConfig, distribution_from_logits
+from mtplx.speculative import SequenceState, run_cycle
+
+GREEDY = SamplerConfig(temperature=0.0)
+SIGNIFICANCE = 1e-3
+LOGIT_TOLERANCE = 1e-4  # float32, a multi-token forward against one-token forwards
+
+
+@pytest.fixture(scope="module", params=["llama_mtp", "qwen3_next"])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    directory = tmp_path_factory.mktemp(request.param)
+    build_checkpoint(request.param, directory)
+    return load(directory)
+
+
+class ScriptedDrafter:
+    """Proposes the plain greedy continuation for the first ``num_right`` positions and a
+    wrong token after, so a test controls how many draft tokens are accepted."""
+
+    name = "scripted"
+    needs_hidden = False
+
+    def __init__(self, continuation: list[int], vocab_size: int) -> None:
+        self.continuation = continuation
+        self.vocab_size = vocab_size
+        self.num_right = 0
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.num_prompt = len(prompt_ids)
+
+    def commit(self, new_tokens: list[int], target_hidden: mx.array | None) -> None:
+        pass
+
+    def propose(self, history, k, sample):
+        start = len(history) - self.num_prompt
+        tokens = []
+        for position in range(k):
+            right = self.continuation[start + position]
+            tokens.append(right if position < self.num_right else (right + 1) % self.vocab_size)
+        vocab = mx.arange(self.vocab_size)
+        return [mx.array(t, mx.int32) for t in tokens], [
+            (vocab == t).astype(mx.float32) for t in tokens
+        ]
+
+
+def _plain_greedy(model: LoadedModel, prompt: list[int], num_tokens: int) -> list[int]:
+    engine = Engine(model)
+    request = GenerationRequest(
+        prompt, GREEDY, max_tokens=num_tokens, drafter="none", ignore_eos=True
+    )
+    return [e.token_id for e in engine.generate(request) if isinstance(e, TokenEvent)]
+
+
+def _next_logits_from_history(model: LoadedModel, tokens: list[int]) -> mx.array:
+    """Logits after ``tokens`` from a fresh cache fed the committed history alone."""
+    cache = model.target.make_cache()
+    logits, _ = model.target(mx.array(tokens, mx.int32)[None], cache)
+    return logits[0, -1]
+
+
+@settings(max_examples=12, deadline=None)
+@given(schedule=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 4)), min_size=1, max_size=6))
+def test_rollback_leaves_target_cache_as_committed_history(
+    model: LoadedModel, schedule: list[tuple[int, int]]
+) -> None:
+    prompt = [7, 3, 9, 12, 4]
+    continuation = _plain_greedy(model, prompt, 40)
+    drafter = ScriptedDrafter(continuation, model.target.vocab_size)
+    drafter.reset(prompt)
+    state = SequenceState(
+        [*prompt, continuation[0]], len(prompt), model.target.make_cache(), seed=0
+    )
+    model.target(mx.array(prompt, mx.int32)[None], state.cache)
+    for depth, num_right in schedule:
+        drafter.num_right = min(num_right, depth)
+        result = run_cycle(model.target, drafter, state, GREEDY, depth)
+        assert result.num_accepted == drafter.num_right
+        state.tokens.extend(result.committed)
+    assert state.tokens[len(prompt) :] == continuation[: len(state.tokens) - len(prompt)]
+    spec_logits, _ = model.target(mx.array([state.tokens[-1:]], mx.int32), state.cache)
+    expected = _next_logits_from_history(model, state.tokens)
+    np.testing.assert_allclose(
+        np.array(spec_logits[0, -1]), np.array(expected), atol=LOGIT_TOLERANCE
+    )
+
+
+@pytest.mark.parametrize("drafter_name", ["mtp", "draft_model"])
+def test_drafter_cache_matches_committed_history(model: LoadedModel, drafter_name: str) -> None:
+    """After cycles with rejections, the drafter proposes what a fresh drafter fed the
+    committed history proposes."""
+    make = {
+        "mtp": lambda: MTPDrafter(model),
+        "draft_model": lambda: DraftModelDrafter(make_layer_skip_draft(model, 1)),
+    }[drafter_name]
+    prompt = [5, 9, 2, 8, 8, 1]
+    drafter = make()
+    state = SequenceState(list(prompt), len(prompt), model.target.make_cache(), seed=0)
+    logits, hidden = model.target(mx.array(prompt, mx.int32)[None], state.cache)
+    first = int(mx.argmax(logits[0, -1]).item())
+    state.tokens.append(first)
+    drafter.reset(prompt)
+    drafter.commit([*prompt[1:], first], hidden)
+    for depth in (3, 1, 4, 2, 3):
+        result = run_cycle(model.target, drafter, state, GREEDY, depth)
+        state.tokens.extend(result.committed)
+
+    fresh = make()
+    fresh.reset(state.tokens)
+    _, history_hidden = model.target(
+        mx.array(state.tokens[:-1], mx.int32)[None], model.target.make_cache()
+    )
+    fresh.commit(state.tokens[1:], history_hidden)
+    vocab = model.target.vocab_size
+    _, used_q = drafter.propose(state.tokens, 2, DraftSampler(GREEDY, vocab, mx.zeros(2)))
+    _, fresh_q = fresh.propose(state.tokens, 2, DraftSampler(GREEDY, vocab, mx.zeros(2)))
+    for used, expected in zip(used_q, fresh_q, strict=True):
+        np.testing.assert_array_equal(np.array(used), np.array(expected))
+
+
+# ---------------------------------------------------------------------------------------------
+# Temperature > 0: the first three generated tokens, against exact enumeration
+# ---------------------------------------------------------------------------------------------
+
+SMALL_VOCAB = 12
+NUM_GENERATED = 3
+NUM_RUNS = 1500
+
+
+@pytest.fixture(scope="module")
+def small_vocab_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    directory = tmp_path_factory.mktemp("small_vocab")
+    build_checkpoint("llama_mtp", directory, vocab_size=SMALL_VOCAB, weight_scale=0.6)
+    model = load(directory)
+    return Engine(model, draft_model=make_layer_skip_draft(model, 1))
+
+
+def _exact_first_tokens(engine: Engine, prompt: list[int], config: SamplerConfig) -> dict:
+    """P(t1, t2, t3) of plain decoding: prod of the sampling distribution along each path,
+    with penalties counting the earlier generated tokens."""
+    prefixes = {(): 1.0}
+    for _position in range(NUM_GENERATED):
+        next_prefixes = {}
+        for prefix, mass in prefixes.items():
+            if mass == 0.0:
+                continue
+            logits = np.array(_next_logits_from_history(engine.model, prompt + list(prefix)))
+            counts = np.bincount(np.array(prefix, dtype=int), minlength=SMALL_VOCAB)
+            probs = distribution_from_logits(logits.astype(np.float64), config, counts)
+            for token in range(SMALL_VOCAB):
+                next_prefixes[(*prefix, token)] = mass * probs[token]
+        prefixes = next_prefixes
+    sequences = itertools.product(range(SMALL_VOCAB), repeat=NUM_GENERATED)
+    exact = {sequence: prefixes.get(sequence, 0.0) for sequence in sequences}
+    assert math.isclose(sum(exact.values()), 1.0, rel_tol=1e-9)
+    return exact
+
+
+def _chi_square_pvalue(observed: dict, exact: dict, num_runs: int) -> float:
+    """Chi-square over sequences, pooling those with expected count < 5 into one cell."""
+    expected_counts, observed_counts = [], []
+    pooled_expected = pooled_observed = 0.0
+    for sequence, probability in exact.items():
+        expected = probability * num_runs
+        count = observed.get(sequence, 0)
+        if expected < 5:
+            pooled_expected += expected
+            pooled_observed += count
+        else:
+            expected_counts.append(expected)
+            observed_counts.append(count)
+    assert sum(observed.get(s, 0) for s, p in exact.items() if p == 0.0) == 0, "impossible output"
+    expected_counts.append(pooled_expected)
+    observed_counts.append(pooled_observed)
+    return stats.chisquare(observed_counts, expected_counts).pvalue
+
+
+@pytest.mark.parametrize(
+    "drafter, config",
+    [
+        ("none", SamplerConfig(temperature=0.8)),
+        ("mtp", SamplerConfig(temperature=0.8, top_k=6, top_p=0.9)),
+        ("draft_model", SamplerConfig(temperature=1.0, min_p=0.05, repetition_penalty=1.3)),
+        ("ngram", SamplerConfig(temperature=0.7, frequency_penalty=0.8, presence_penalty=0.5)),
+        ("mtp", SamplerConfig(temperature=1.1, presence_penalty=1.0, top_k=8)),
+    ],
+    ids=["plain", "mtp-topk-topp", "draft-minp-repetition", "ngram-penalties", "mtp-penalties"],
+)
+def test_first_tokens_follow_plain_decoding_distribution(
+    small_vocab_engine: Engine, drafter: str, config: SamplerConfig
+) -> None:
+    prompt = [1, 2, 3, 1, 2]  # a repeat, so the n-gram drafter proposes
+    exact = _exact_first_tokens(small_vocab_engine, prompt, config)
+    observed: dict[tuple[int, ...], int] = {}
+    for run in range(NUM_RUNS):
+        seeded = SamplerConfig(**{**config.__dict__, "seed": run, "logit_bias": {}})
+        request = GenerationRequest(
+            prompt, seeded, max_tokens=NUM_GENERATED, drafter=drafter, depth=2, ignore_eos=True
+        )
+        tokens = tuple(
+            e.token_id for e in small_vocab_engine.generate(request) if isinstance(e, TokenEvent)
+        )
+        observed[tokens] = observed.get(tokens, 0) + 1
+    assert _chi_square_pvalue(observed, exact, NUM_RUNS) > SIGNIFICANCE
+
+
+def test_ngram_drafter_is_exact_under_sampling_negative_control(small_vocab_engine: Engine) -> None:
+    """The same chi-square detects a biased sampler: sampling at T=1.0 checked against the
+    T=0.8 enumeration must fail."""
+    prompt = [1, 2, 3, 1, 2]
+    exact = _exact_first_tokens(small_vocab_engine, prompt, SamplerConfig(temperature=0.8))
+    observed: dict[tuple[int, ...], int] = {}
+    for run in range(NUM_RUNS):
+        request = GenerationRequest(
+            prompt,
+            SamplerConfig(temperature=1.6, seed=run),
+            max_tokens=NUM_GENERATED,
+            drafter="ngram",
+            depth=2,
+            ignore_eos=True,
+        )
+        tokens = tuple(
+            e.token_id for e in small_vocab_engine.generate(request) if isinstance(e, TokenEvent)
+        )
+        observed[tokens] = observed.get(tokens, 0) + 1
+    assert _chi_square_pvalue(observed, exact, NUM_RUNS) < 1e-6
+
+
+def test_ngram_drafter_proposes_nothing_without_a_match() -> None:
+    drafter = NgramDrafter()
+    tokens, qs = drafter.propose([1, 2, 3], 3, DraftSampler(GREEDY, 10, mx.zeros(3)))
+    assert tokens == [] and qs == []
