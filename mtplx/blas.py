@@ -43,11 +43,32 @@ __all__ = ["BlasInfo", "blas_info", "enable_fast_blas", "set_blas_threads", "shi
 
 _PREFIX = "scipy_"
 # What libmlx 0.32 imports; used only when the ELF symbol table cannot be read.
-_KNOWN_SYMBOLS = (
-    "cblas_sgemm cblas_dgemm cblas_cgemm cgeev_ cgesdd_ cheevd_ dgeev_ dgeqrf_ dgesdd_ dgetrf_ "
-    "dgetri_ dorgqr_ dpotrf_ dsyevd_ dtrtri_ sgeev_ sgeqrf_ sgesdd_ sgetrf_ sgetri_ sorgqr_ "
-    "spotrf_ ssyevd_ strtri_"
-).split()
+_KNOWN_SYMBOLS = [
+    "cblas_sgemm",
+    "cblas_dgemm",
+    "cblas_cgemm",
+    "cgeev_",
+    "cgesdd_",
+    "cheevd_",
+    "dgeev_",
+    "dgeqrf_",
+    "dgesdd_",
+    "dgetrf_",
+    "dgetri_",
+    "dorgqr_",
+    "dpotrf_",
+    "dsyevd_",
+    "dtrtri_",
+    "sgeev_",
+    "sgeqrf_",
+    "sgesdd_",
+    "sgetrf_",
+    "sgetri_",
+    "sorgqr_",
+    "spotrf_",
+    "ssyevd_",
+    "strtri_",
+]
 _SHIM_VERSION = 1  # bump when the generated source changes, to invalidate cached shims
 
 
