@@ -1,0 +1,156 @@
+"""mtplx.blas: OpenBLAS really replaces the reference BLAS, gives the same numbers, and every
+fallback says why."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models import llama
+
+from mtplx.blas import blas_info, enable_fast_blas, shim_calls
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST_PATH_EXPECTED = (
+    sys.platform == "linux"
+    and platform.machine() in ("x86_64", "aarch64")
+    and shutil.which("cc") is not None
+    and os.environ.get("MTPLX_BLAS", "auto") == "auto"
+)
+needs_fast = pytest.mark.skipif(not FAST_PATH_EXPECTED, reason="fast BLAS not expected here")
+
+# Float32 logits of the two BLAS differ only by GEMM summation order; over 2 layers of width
+# 64 that stays around 1e-6 relative, so 1e-4 is tight enough to catch a wrong routine.
+LOGIT_RTOL = 1e-4
+LOGIT_ATOL = 1e-4
+
+
+def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (BLAS choice is fixed once per process)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
+
+
+@needs_fast
+def test_fast_path_is_active() -> None:
+    info = blas_info()
+    assert info.fast, info.fallback_reason
+    assert info.name == "openblas"
+    assert info.threads is not None and info.threads >= 1
+    assert {"cblas_sgemm", "cblas_dgemm", "cblas_cgemm"} <= set(info.symbols)
+    assert enable_fast_blas() == info  # idempotent
+
+
+@needs_fast
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="call counter is x86_64 only")
+def test_matmul_goes_through_the_shim() -> None:
+    before = shim_calls()
+    a = mx.random.normal((8, 64))
+    b = mx.random.normal((64, 128))
+    out = a @ b
+    mx.eval(out)
+    assert shim_calls() > before
+    np.testing.assert_allclose(np.array(out), np.array(a) @ np.array(b), rtol=1e-4, atol=1e-4)
+
+
+_LOGITS_SCRIPT = """
+import mtplx
+from mtplx.blas import blas_info
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models import llama
+args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2,
+    intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+    vocab_size=256, tie_word_embeddings=False)
+model = llama.Model(args)
+model.load_weights("{weights}")
+logits = model(mx.array([[1, 5, 9, 200, 17, 3, 77, 255]]))
+np.save("{out}", np.array(logits.astype(mx.float32)))
+print(blas_info().name)
+"""
+
+
+@needs_fast
+def test_reference_and_fast_blas_give_the_same_logits(tmp_path: Path) -> None:
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=256,
+        tie_word_embeddings=False,
+    )
+    mx.random.seed(0)
+    model = llama.Model(args)
+    weights = tmp_path / "w.safetensors"
+    model.save_weights(str(weights))
+    results = {}
+    for choice in ("auto", "reference"):
+        out = tmp_path / f"{choice}.npy"
+        done = _run(_LOGITS_SCRIPT.format(weights=weights, out=out), {"MTPLX_BLAS": choice})
+        assert done.returncode == 0, done.stderr
+        results[done.stdout.strip()] = np.load(out)
+    assert set(results) == {"openblas", "reference"}
+    np.testing.assert_allclose(
+        results["openblas"], results["reference"], rtol=LOGIT_RTOL, atol=LOGIT_ATOL
+    )
+
+
+def test_opt_out_is_logged() -> None:
+    done = _run(
+        """
+        import logging; logging.basicConfig(level=logging.INFO)
+        import mtplx
+        from mtplx.blas import blas_info
+        print(blas_info().fast, blas_info().fallback_reason)
+        """,
+        {"MTPLX_BLAS": "reference"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False MTPLX_BLAS=reference"
+    assert "reference BLAS (MTPLX_BLAS=reference)" in done.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux-only fast path")
+def test_importing_mlx_first_falls_back_with_a_warning() -> None:
+    # No logging configured: a WARNING still reaches stderr through logging's last resort.
+    done = _run(
+        "import mlx.core\nimport mtplx\nfrom mtplx.blas import blas_info\n"
+        "print(blas_info().fast)\n",
+        {"MTPLX_BLAS": "auto"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert "falling back to the slow reference BLAS" in done.stderr
+    assert "mlx was imported before" in done.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux-only fast path")
+def test_missing_compiler_falls_back_with_a_warning(tmp_path: Path) -> None:
+    # An empty MTPLX_HOME has no cached shim, so the (absent) compiler would be needed.
+    done = _run(
+        "import mtplx\nfrom mtplx.blas import blas_info\nprint(blas_info().fast)\n",
+        {"MTPLX_BLAS": "auto", "MTPLX_HOME": str(tmp_path), "CC": "no-such-compiler"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert "no C compiler (no-such-compiler)" in done.stderr
