@@ -16,6 +16,7 @@ from mtplx.models.checkpoint import CheckpointError
 from mtplx.models.compat import check_same_vocabulary
 from mtplx.models.families import EXIT_CODES, EXIT_ERROR, Tier
 from mtplx.models.loader import load
+from mtplx.models.report import InspectReport, inspect
 from mtplx.models.target import make_layer_skip_draft
 from mtplx.models.weights import MTPWeightError
 
@@ -23,12 +24,14 @@ __all__ = [
     "EXIT_CODES",
     "EXIT_ERROR",
     "CheckpointError",
+    "InspectReport",
     "LoadedModel",
     "MTPHead",
     "MTPWeightError",
     "TargetModel",
     "Tier",
     "check_same_vocabulary",
+    "inspect",
     "load",
     "make_layer_skip_draft",
 ]
