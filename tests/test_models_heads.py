@@ -245,3 +245,29 @@ def test_non_mtp_key_in_mtp_file_is_named(llama_mtp_checkpoint: Path, tmp_path: 
         CheckpointError, match=r"'model\.norm\.weight' in MTP weight file .*mtp\.safetensors"
     ):
         load(copy)
+
+
+def test_quantized_mtp_weights_load(llama_mtp_checkpoint: Path, tmp_path: Path) -> None:
+    """MTP linears stored as mlx 4-bit (weight + scales + biases) load quantized or dequantized."""
+    import mlx.nn as nn
+
+    copy = Path(shutil.copytree(llama_mtp_checkpoint, tmp_path / "c"))
+    arrays = mx.load(str(copy / "mtp.safetensors"))
+    packed = {}
+    for key, value in arrays.items():
+        if value.ndim == 2 and value.shape[-1] % 32 == 0:
+            weight, scales, biases = mx.quantize(value, group_size=32, bits=4)
+            stem = key.removesuffix(".weight")
+            packed.update({key: weight, f"{stem}.scales": scales, f"{stem}.biases": biases})
+        else:
+            packed[key] = value
+    mx.save_safetensors(str(copy / "mtp.safetensors"), packed)
+
+    kept, default = load(copy, dequantize=False), load(copy)
+    assert isinstance(kept.mtp_heads[0].module.fc, nn.QuantizedLinear)
+    assert isinstance(default.mtp_heads[0].module.fc, nn.Linear)
+    _, hidden = default.target(TOKENS, default.target.make_cache())
+    results = [
+        m.mtp_heads[0](hidden, TOKENS, m.mtp_heads[0].make_cache())[0] for m in (kept, default)
+    ]
+    np.testing.assert_allclose(np.array(results[0]), np.array(results[1]), atol=1e-3, rtol=0)
