@@ -31,7 +31,8 @@ class TargetModel(Protocol):
     def __call__(self, tokens: mx.array, cache: list[Any]) -> tuple[mx.array, mx.array]:
         """tokens: [B, T] int -> (logits [B, T, V], hidden [B, T, H]).
 
-        ``hidden`` is what the MTP heads read: the final hidden state at each position."""
+        ``hidden`` is what the MTP heads read: the final hidden state at each position, AFTER
+        the trunk's final norm (the tensor the LM head multiplies; see mtplx.models.target)."""
         ...
 
 

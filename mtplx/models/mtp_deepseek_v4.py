@@ -1,0 +1,154 @@
+"""The DeepSeek-V4 MTP module (``mtp.{i}.*``) over mlx-lm's ``deepseek_v41`` trunk.
+
+Tier: arch-compatible-unverified. The weights (e_proj, h_proj, enorm, hnorm, norm,
+hc_head_{fn,base,scale} and a decoder block with hyper-connections) load and run, but we have
+no reference output to check against. One approximation is known: the published head reads the
+trunk's un-collapsed hyper-connection streams, while the TargetModel contract hands every head
+the collapsed post-norm hidden state; here that state is spread over the ``hc_mult`` streams.
+
+One step at position i::
+
+    x = e_proj(enorm(embed(x[i+1]))) + h_proj(hnorm(h[i]))
+    streams = block(x on every stream)       # window-attention layer, its own LayerCache
+    y = hc_head(streams)                     # sigmoid-weighted mix of the streams
+    logits = lm_head(norm(y)); y (pre-norm) is the hidden state the next depth reads
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mtplx.models.checkpoint import MTPTensors, text_config
+from mtplx.models.target import Trunk
+from mtplx.models.weights import MTPWeightError, load_checked
+
+_OWN = ("e_proj.", "h_proj.", "enorm.", "hnorm.", "norm.", "hc_head_")
+
+
+class DeepseekV4MTPModule(nn.Module):
+    """One DeepSeek-V4 MTP module (names = checkpoint names minus ``mtp.{i}.``, the block's
+    under ``block.`` in mlx-lm's naming)."""
+
+    def __init__(self, trunk: Trunk, layer_id: int) -> None:
+        super().__init__()
+        from mlx_lm.models.deepseek_v41 import DecoderLayer
+
+        args = trunk.args
+        size, eps, hc = trunk.hidden_size, trunk.rms_norm_eps, int(args.hc_mult)
+        self.e_proj = nn.Linear(size, size, bias=False)
+        self.h_proj = nn.Linear(size, size, bias=False)
+        self.enorm = nn.RMSNorm(size, eps=eps)
+        self.hnorm = nn.RMSNorm(size, eps=eps)
+        self.norm = nn.RMSNorm(size, eps=eps)
+        self.hc_head_fn = mx.zeros((hc, hc * size), dtype=mx.float32)
+        self.hc_head_base = mx.zeros((hc,), dtype=mx.float32)
+        self.hc_head_scale = mx.ones((1,), dtype=mx.float32)
+        self.block = DecoderLayer(args, layer_id)
+        self.hc_mult, self.hc_eps, self.norm_eps = hc, float(args.hc_eps), eps
+
+    def collapse(self, streams: mx.array) -> mx.array:
+        """streams [B, T, hc, H] -> [B, T, H]: the head's own hyper-connection mix."""
+        flat = streams.reshape(*streams.shape[:2], -1).astype(mx.float32)
+        flat = mx.fast.rms_norm(flat, weight=None, eps=self.norm_eps)
+        mix = (flat @ self.hc_head_fn.T) * self.hc_head_scale + self.hc_head_base
+        weights = mx.sigmoid(mix) + self.hc_eps
+        out = mx.sum(weights[..., None] * streams.astype(mx.float32), axis=2)
+        return out.astype(streams.dtype)
+
+
+class DeepseekV4MTPHead:
+    """MTPHead over one DeepSeek-V4 MTP module."""
+
+    def __init__(self, module: DeepseekV4MTPModule, trunk: Trunk) -> None:
+        self.module = module
+        self.trunk = trunk
+
+    def make_cache(self) -> list[Any]:
+        """The block's window cache (mlx-lm's LayerCache: not trimmable, snapshot it)."""
+        from mlx_lm.models.deepseek_v41 import LayerCache
+
+        return [LayerCache(int(self.trunk.args.sliding_window))]
+
+    def __call__(
+        self, hidden: mx.array, next_tokens: mx.array, cache: list[Any]
+    ) -> tuple[mx.array, mx.array]:
+        """hidden [B, T, H], next_tokens [B, T] -> (logits [B, T, V], hidden [B, T, H])."""
+        from mlx_lm.models.deepseek_v41 import _window_indices
+
+        m = self.module
+        x = m.e_proj(m.enorm(self.trunk.embed(next_tokens))) + m.h_proj(m.hnorm(hidden))
+        batch, length, size = x.shape
+        layer_cache = cache[0]
+        previous = 0 if layer_cache.window is None else layer_cache.window.shape[1]
+        window_idx = _window_indices(
+            previous=previous, length=length, window=int(self.trunk.args.sliding_window)
+        )
+        window_idx = mx.broadcast_to(window_idx, (batch, *window_idx.shape))
+        streams = mx.broadcast_to(x[:, :, None, :], (batch, length, m.hc_mult, size))
+        pre_mix = mx.zeros((batch, length, m.hc_mult), dtype=mx.float32)
+        pre_mix[..., 0] = 1.0
+        streams, _ = m.block(
+            streams,
+            pre_mix,
+            start_pos=layer_cache.offset,
+            window_idx=window_idx,
+            cache=layer_cache,
+            shared={},
+        )
+        out = m.collapse(streams)
+        return self.trunk.lm_head(m.norm(out)), out
+
+
+def build_deepseek_v4_heads(
+    trunk: Trunk, tensors: MTPTensors, config: dict[str, Any]
+) -> list[DeepseekV4MTPHead]:
+    """One head per ``mtp.{i}`` module (``num_nextn_predict_layers``, else as found)."""
+    first = int(text_config(config)["num_hidden_layers"])
+    from mlx_lm.models.deepseek_v41 import Model as V41Model
+
+    per_module: dict[int, dict[str, str]] = {}
+    for key in tensors.arrays:
+        match = re.match(r"^mtp\.(\d+)\.(.+)$", key)
+        if match is None:
+            raise MTPWeightError(f"unexpected MTP weight {key!r} in {tensors.where(key)}")
+        per_module.setdefault(int(match.group(1)), {})[match.group(2)] = key
+    declared = text_config(config).get("num_nextn_predict_layers")
+    count = int(declared) if declared else max(per_module) + 1
+    extra = sorted(i for i in per_module if i >= count)
+    if extra:
+        key = next(iter(per_module[extra[0]].values()))
+        raise MTPWeightError(
+            f"unexpected MTP weight {key!r} in {tensors.where(key)}: the config declares "
+            f"num_nextn_predict_layers={count}"
+        )
+
+    heads = []
+    for index in range(count):
+        keys = per_module.get(index, {})
+        local: dict[str, mx.array] = {}
+        names: dict[str, str] = {}
+        block_raw: dict[str, mx.array] = {}
+        for name, key in keys.items():
+            if name.startswith(_OWN):
+                local[name], names[name] = tensors.arrays[key], key
+            else:
+                block_raw[f"layers.{first + index}.{name}"] = tensors.arrays[key]
+        # mlx-lm's own sanitize renames and stacks the block's tensors (published naming).
+        prefix = f"model.layers.{first + index}."
+        for name, value in V41Model.sanitize(trunk.model, block_raw).items():
+            local_name = "block." + name.removeprefix(prefix)
+            local[local_name], names[local_name] = value, f"mtp.{index}.{name.removeprefix(prefix)}"
+        module = DeepseekV4MTPModule(trunk, first + index)
+        load_checked(
+            module,
+            local,
+            key_of=lambda n, i=index, nm=names: nm.get(n, f"mtp.{i}.{n.removeprefix('block.')}"),
+            where=tensors.where,
+        )
+        module.eval()
+        heads.append(DeepseekV4MTPHead(module, trunk))
+    return heads
