@@ -64,22 +64,28 @@ def rollback(cache: list[Any], point: CacheCheckpoint) -> None:
 
 
 def _copy_state(layer: Any) -> Any:
-    # ArraysCache keeps its arrays in a list it mutates item by item: copy the list itself.
-    if hasattr(layer, "cache") and isinstance(layer.cache, list):
-        return ("cache", list(layer.cache))
+    """A snapshot of a non-trimmable layer cache: its attributes, with lists copied (mlx-lm's
+    ArraysCache replaces list items in place). Sound because these caches rebind arrays
+    rather than write into them."""
     if hasattr(layer, "caches"):  # CacheList of sub-caches
         return ("caches", [_copy_state(sub) for sub in layer.caches])
-    return ("state", layer.state)
+    return (
+        "attributes",
+        {
+            name: list(value) if isinstance(value, list) else value
+            for name, value in vars(layer).items()
+        },
+    )
 
 
 def _restore_state(layer: Any, saved: Any) -> None:
     kind, value = saved
-    if kind == "cache":
-        layer.cache = list(value)
-    elif kind == "caches":
+    if kind == "caches":
         for sub, sub_saved in zip(layer.caches, value, strict=True):
             if sub.is_trimmable():
                 raise ValueError("mixed trimmable/recurrent CacheList is not supported")
             _restore_state(sub, sub_saved)
-    else:
-        layer.state = value
+        return
+    attributes = vars(layer)
+    attributes.clear()
+    attributes.update({n: list(v) if isinstance(v, list) else v for n, v in value.items()})

@@ -20,15 +20,14 @@ directories as read-only: copy one (``shutil.copytree``) before changing it.
 
 from __future__ import annotations
 
-# ``import mtplx`` must come before anything imports ``mlx.core``: it routes libmlx's BLAS to
-# OpenBLAS (mtplx.blas), which only works before libmlx is loaded. Conftest files are imported
-# before test modules, so doing it here covers test modules that import mlx first.
-import mtplx  # noqa: F401, I001
-
 from pathlib import Path
 
 import pytest
 
+# ``import mtplx`` must come before anything imports ``mlx.core``: it routes libmlx's BLAS to
+# OpenBLAS (mtplx.blas), which only works before libmlx is loaded. Conftest files are imported
+# before test modules, so doing it here covers test modules that import mlx first.
+import mtplx  # noqa: F401
 from tests.fixtures.checkpoints import build_checkpoint
 
 

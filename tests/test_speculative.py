@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
-from tests.fixtures.checkpoints import build_checkpoint
 
 from mtplx.drafters import DraftModelDrafter, DraftSampler, MTPDrafter, NgramDrafter
 from mtplx.engine import Engine
@@ -20,6 +19,8 @@ from mtplx.models import LoadedModel, load, make_layer_skip_draft
 from mtplx.request import GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig, distribution_from_logits
 from mtplx.speculative import SequenceState, run_cycle
+from tests.fixtures.checkpoints import build_checkpoint
+from tests.fixtures.variants import untie_lm_head
 
 GREEDY = SamplerConfig(temperature=0.0)
 SIGNIFICANCE = 1e-3
@@ -30,6 +31,8 @@ LOGIT_TOLERANCE = 1e-4  # float32, a multi-token forward against one-token forwa
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     directory = tmp_path_factory.mktemp(request.param)
     build_checkpoint(request.param, directory)
+    if request.param == "llama_mtp":
+        untie_lm_head(directory)
     return load(directory)
 
 
@@ -104,35 +107,49 @@ def test_rollback_leaves_target_cache_as_committed_history(
     )
 
 
-@pytest.mark.parametrize("drafter_name", ["mtp", "draft_model"])
-def test_drafter_cache_matches_committed_history(model: LoadedModel, drafter_name: str) -> None:
-    """After cycles with rejections, the drafter proposes what a fresh drafter fed the
-    committed history proposes."""
-    make = {
-        "mtp": lambda: MTPDrafter(model),
-        "draft_model": lambda: DraftModelDrafter(make_layer_skip_draft(model, 1)),
-    }[drafter_name]
-    prompt = [5, 9, 2, 8, 8, 1]
-    drafter = make()
-    state = SequenceState(list(prompt), len(prompt), model.target.make_cache(), seed=0)
-    logits, hidden = model.target(mx.array(prompt, mx.int32)[None], state.cache)
-    first = int(mx.argmax(logits[0, -1]).item())
-    state.tokens.append(first)
-    drafter.reset(prompt)
-    drafter.commit([*prompt[1:], first], hidden)
-    for depth in (3, 1, 4, 2, 3):
-        result = run_cycle(model.target, drafter, state, GREEDY, depth)
-        state.tokens.extend(result.committed)
+def _target_hidden(model: LoadedModel, tokens: list[int]) -> mx.array:
+    """[1, T, H] target hidden states of ``tokens`` from a fresh cache."""
+    return model.target(mx.array(tokens, mx.int32)[None], model.target.make_cache())[1]
 
-    fresh = make()
-    fresh.reset(state.tokens)
-    _, history_hidden = model.target(
-        mx.array(state.tokens[:-1], mx.int32)[None], model.target.make_cache()
-    )
-    fresh.commit(state.tokens[1:], history_hidden)
+
+def _make_drafter(model: LoadedModel, name: str):
+    if name == "mtp":
+        return MTPDrafter(model)
+    # A draft model: the layer-skip draft on llama; the whole target (a recurrent cache that
+    # cannot be trimmed) on qwen3_next.
+    draft = make_layer_skip_draft(model, 1) if model.model_type == "llama" else model.target
+    return DraftModelDrafter(draft)
+
+
+@pytest.mark.parametrize("drafter_name", ["mtp", "draft_model"])
+@settings(max_examples=10, deadline=None)
+@given(schedule=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 4)), min_size=1, max_size=5))
+def test_drafter_state_matches_committed_history(
+    model: LoadedModel, drafter_name: str, schedule: list[tuple[int, int]]
+) -> None:
+    """Random accept lengths: commit the first ``a`` draft tokens plus another token; the
+    drafter then proposes exactly what a fresh drafter fed the committed history does."""
     vocab = model.target.vocab_size
-    _, used_q = drafter.propose(state.tokens, 2, DraftSampler(GREEDY, vocab, mx.zeros(2)))
-    _, fresh_q = fresh.propose(state.tokens, 2, DraftSampler(GREEDY, vocab, mx.zeros(2)))
+    greedy = lambda k: DraftSampler(GREEDY, vocab, mx.zeros(k))  # noqa: E731
+    prompt = [5, 9, 2, 8, 8, 1]
+    history = [*prompt, 4]
+    drafter = _make_drafter(model, drafter_name)
+    drafter.reset(prompt)
+    drafter.commit(history[1:], _target_hidden(model, history[:-1]))
+    for depth, num_accepted in schedule:
+        tokens, _ = drafter.propose(history, depth, greedy(depth))
+        num_accepted = min(num_accepted, len(tokens))
+        drafted = [int(t.item()) for t in tokens]
+        last = (drafted[num_accepted] + 1) % vocab if num_accepted < len(drafted) else 7
+        new = [*drafted[:num_accepted], last]
+        hidden = _target_hidden(model, history + new[:-1])[:, len(history) - 1 :]
+        drafter.commit(new, hidden)
+        history += new
+    fresh = _make_drafter(model, drafter_name)
+    fresh.reset(history)
+    fresh.commit(history[1:], _target_hidden(model, history[:-1]))
+    _, used_q = drafter.propose(history, 3, greedy(3))
+    _, fresh_q = fresh.propose(history, 3, greedy(3))
     for used, expected in zip(used_q, fresh_q, strict=True):
         np.testing.assert_array_equal(np.array(used), np.array(expected))
 
@@ -149,7 +166,8 @@ NUM_RUNS = 1500
 @pytest.fixture(scope="module")
 def small_vocab_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     directory = tmp_path_factory.mktemp("small_vocab")
-    build_checkpoint("llama_mtp", directory, vocab_size=SMALL_VOCAB, weight_scale=0.6)
+    build_checkpoint("llama_mtp", directory)
+    untie_lm_head(directory, logit_scale=2.0, vocab_size=SMALL_VOCAB)
     model = load(directory)
     return Engine(model, draft_model=make_layer_skip_draft(model, 1))
 
