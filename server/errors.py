@@ -89,10 +89,30 @@ def _param(loc: Sequence[Any]) -> str | None:
     return "".join(parts) or None
 
 
+def _union_members(errors: Sequence[Mapping[str, Any]], prefix_len: int) -> list[str]:
+    """Union member tags found right after the failing field, in order, deduplicated."""
+    members: list[str] = []
+    for error in errors:
+        loc = [item for item in error.get("loc", ()) if item != "body"]
+        if (
+            len(loc) > prefix_len
+            and isinstance(loc[prefix_len], str)
+            and _TAG.search(loc[prefix_len])
+        ):
+            tag = loc[prefix_len].replace("constrained-int", "token id")
+            if tag not in members:
+                members.append(tag)
+    return members
+
+
 def from_validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
-    """400 for the first pydantic error, naming the field (``messages[0].role``)."""
+    """400 for the first pydantic error, naming the field (``messages[0].role``).
+
+    A union field (``prompt: str | list[str] | ...``) reports one error per member; those
+    become one message listing the accepted forms."""
     error = errors[0]
-    param = _param(error.get("loc", ()))
+    loc = [item for item in error.get("loc", ()) if item != "body"]
+    param = _param(loc)
     kind = error.get("type", "")
     if kind == "json_invalid":
         return APIError(
@@ -112,7 +132,14 @@ def from_validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
             param=param,
             code="missing_required_parameter",
         )
-    message = str(error.get("msg", "invalid value"))
+    prefix_len = next(
+        (i for i, item in enumerate(loc) if isinstance(item, str) and _TAG.search(item)), None
+    )
+    if prefix_len is not None and len(errors) > 1:
+        members = _union_members(errors, prefix_len)
+        message = f"expected one of: {', '.join(members)}"
+    else:
+        message = str(error.get("msg", "invalid value"))
     return APIError(
         400, f"Invalid value for '{param}': {message}", param=param, code="invalid_value"
     )

@@ -60,10 +60,21 @@ def check_common(
         )
 
 
-def _message_text(message: ChatMessage) -> str:
+def _message_text(message: ChatMessage, index: int) -> str:
     if isinstance(message.content, str):
         return message.content
-    return "\n".join(part.text for part in message.content)
+    texts = []
+    for j, part in enumerate(message.content):
+        if part.type != "text" or part.text is None:
+            raise APIError(
+                400,
+                f"only text content parts are supported, got type {part.type!r}",
+                param=f"messages[{index}].content[{j}]"
+                + (".type" if part.type != "text" else ".text"),
+                code="unsupported_parameter",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
 
 
 def _as_token_ids(value: Any) -> list[int]:
@@ -81,8 +92,8 @@ def chat_prompt(tokenizer: Any, messages: Sequence[ChatMessage]) -> Prompt:
     """Token ids of the conversation under the model's chat template (generation prompt
     appended). ``developer`` is sent to the template as ``system``."""
     conversation = [
-        {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m)}
-        for m in messages
+        {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m, i)}
+        for i, m in enumerate(messages)
     ]
     try:
         ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)

@@ -18,9 +18,9 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatMessage",
     "CompletionRequest",
+    "ContentPart",
     "MtplxOptions",
     "StreamOptions",
-    "TextPart",
     "unsupported_fields",
 ]
 
@@ -44,18 +44,21 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class TextPart(_Strict):
-    """One ``{"type": "text", "text": ...}`` content part."""
+class ContentPart(BaseModel):
+    """One content part. Only ``{"type": "text", "text": ...}`` is supported; other types
+    (image_url, input_audio, ...) are rejected when the prompt is built, naming the part."""
 
-    type: Literal["text"]
-    text: str
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    type: str
+    text: str | None = None
 
 
 class ChatMessage(_Strict):
     """A system / developer / user / assistant message."""
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[ContentPart]
     name: str | None = None
 
 
