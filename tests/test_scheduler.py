@@ -159,7 +159,7 @@ def test_cancel_running_ticket_frees_engine_within_one_cycle(engine):
             break  # one token seen: the request is running
         ticket.cancel()
         started = time.monotonic()
-        text, _ = await _collect(sched.submit(_request("next", max_tokens=3)))
+        text, _ = await _collect(sched.submit(_request("next", max_tokens=6)))
         return time.monotonic() - started, text
 
     elapsed, text = asyncio.run(main())

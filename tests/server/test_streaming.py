@@ -104,7 +104,7 @@ async def test_disconnect_frees_the_engine_within_one_cycle(make_app, stream):
     await call.disconnect()
     started = time.monotonic()
     await wait_until(lambda: ("closed", "<|user|>long\n<|assistant|>") in engine.log, 1.0)
-    text, _ = await stream_text(app, CHAT, chat_body("next", stream=True, max_tokens=3))
+    text, _ = await stream_text(app, CHAT, chat_body("next", stream=True, max_tokens=6))
     assert time.monotonic() - started < 0.6  # not 3000 tokens x 20 ms
     assert text
     assert scheduler.stats().cancelled == 1
@@ -128,7 +128,7 @@ async def test_full_queue_returns_429_with_retry_after(make_app):
     assert await waiting.start() == 200  # the waiting one is served once the engine frees
     await waiting.body()
     # Once the queue drains, requests are admitted again.
-    text, _ = await stream_text(app, CHAT, chat_body("d", stream=True, max_tokens=2))
+    text, _ = await stream_text(app, CHAT, chat_body("d", stream=True, max_tokens=6))
     assert text
 
 
@@ -153,7 +153,7 @@ async def test_engine_failure_mid_stream_sends_an_error_event(app):
     payloads = [p async for p in call.events()]
     assert "[DONE]" not in payloads
     assert json.loads(payloads[-1])["error"]["code"] == "generation_failed"
-    text, _ = await stream_text(app, CHAT, chat_body("ok", stream=True, max_tokens=2))
+    text, _ = await stream_text(app, CHAT, chat_body("ok", stream=True, max_tokens=6))
     assert text
 
 
