@@ -33,7 +33,6 @@ class ServerSettings(BaseSettings):
     depth: int | None = Field(
         None, ge=0, le=16, description="draft tokens per cycle; None=adaptive"
     )
-    draft_model: str | None = Field(None, description="checkpoint of the draft model drafter")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_key: SecretStr | None = None
