@@ -209,7 +209,8 @@ class Scheduler:
 
     @classmethod
     def from_engine(cls, engine: EngineLike, **kwargs: Any) -> Scheduler:
-        """A scheduler around an engine built already (on a thread that will not use it)."""
+        """A scheduler around an engine built already; from now on the worker thread is its
+        only user."""
         return cls(lambda: engine, **kwargs)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -308,7 +309,9 @@ class Scheduler:
         with self._cond:
             if self._stopping:
                 raise EngineNotReady("the server is shutting down")
-            if len(self._pending) >= self.max_queue:
+            # While the engine is idle the head of the queue is about to run, not waiting.
+            capacity = self.max_queue + (1 if self._active is None else 0)
+            if len(self._pending) >= capacity:
                 raise QueueFull(len(self._pending), self._retry_after())
             self._pending.append(ticket)
             self._cond.notify()

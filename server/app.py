@@ -8,6 +8,7 @@ engine thread while /health answers 503), or pass an engine and one is made arou
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -55,7 +56,8 @@ def create_app(
         try:
             yield
         finally:
-            scheduler.stop()
+            # Joining the engine thread blocks; keep the loop free for closing connections.
+            await asyncio.to_thread(scheduler.stop)
 
     app = FastAPI(title="MTPLX", version="0.1.0", lifespan=lifespan)
     app.state.ctx = AppContext(

@@ -272,3 +272,18 @@ def test_stop_fails_waiting_tickets(engine):
         await _collect(running)  # ends (cancelled) instead of hanging
 
     asyncio.run(main())
+
+
+def test_idle_engine_admits_a_burst_up_to_capacity(engine):
+    engine.token_delay = 0.005
+    sched = Scheduler.from_engine(engine, max_queue=1)
+    sched.start()
+
+    async def main():
+        # The first ticket is about to run, so it does not take the one waiting slot.
+        first = sched.submit(_request("one"))
+        second = sched.submit(_request("two"))
+        await asyncio.gather(_collect(first), _collect(second))
+
+    asyncio.run(main())
+    sched.stop()
