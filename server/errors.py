@@ -77,12 +77,21 @@ def error_body(
 _TAG = re.compile(r"^(str|int|float|bool|list|dict|none|literal|function)\b|[\[\-]|^\w+\[")
 
 
+# Where FastAPI found a value; not part of the field's name.
+_SOURCES = ("body", "query", "path", "header", "cookie")
+
+
+def _field_loc(error: Mapping[str, Any]) -> list[Any]:
+    loc = list(error.get("loc", ()))
+    return loc[1:] if loc and loc[0] in _SOURCES else loc
+
+
 def _param(loc: Sequence[Any]) -> str | None:
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif (item == "body" and not parts) or (isinstance(item, str) and _TAG.search(item)):
+        elif (item in _SOURCES and not parts) or (isinstance(item, str) and _TAG.search(item)):
             continue
         else:
             parts.append(f".{item}" if parts else str(item))
@@ -93,7 +102,7 @@ def _union_members(errors: Sequence[Mapping[str, Any]], prefix_len: int) -> list
     """Union member tags found right after the failing field, in order, deduplicated."""
     members: list[str] = []
     for error in errors:
-        loc = [item for item in error.get("loc", ()) if item != "body"]
+        loc = _field_loc(error)
         if (
             len(loc) > prefix_len
             and isinstance(loc[prefix_len], str)
@@ -111,7 +120,7 @@ def from_validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     A union field (``prompt: str | list[str] | ...``) reports one error per member; those
     become one message listing the accepted forms."""
     error = errors[0]
-    loc = [item for item in error.get("loc", ()) if item != "body"]
+    loc = _field_loc(error)
     param = _param(loc)
     kind = error.get("type", "")
     if kind == "json_invalid":

@@ -69,6 +69,8 @@ def error_for(exc: SchedulerError) -> APIError:
     if isinstance(exc, EngineNotReady):
         return APIError(503, str(exc), code="model_not_ready")
     if isinstance(exc, GenerationFailed):
+        if isinstance(exc.error, ValueError):  # the engine found a bad value late: still 400
+            return from_value_error(exc.error)
         return APIError(500, str(exc), code="generation_failed")
     return APIError(500, str(exc))
 

@@ -264,3 +264,25 @@ async def test_huge_body_is_413(make_app):
         r = await c.post(CHAT, content=chunked())
         assert r.status_code == 413
         assert (await c.post(CHAT, json=chat_body(max_tokens=2))).status_code == 200
+
+
+async def test_fastapi_request_validation_errors_use_the_openai_shape(app, client):
+    @app.get("/typed")
+    async def typed(n: int) -> dict:
+        return {"n": n}
+
+    r = await client.get("/typed", params={"n": "abc"})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "n"
+    r = await client.get("/typed")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "missing_required_parameter"
+
+
+async def test_value_error_raised_inside_generate_is_400(app, client, engine, monkeypatch):
+    def generate(request):
+        raise ValueError("logit_bias token id 300 is outside the vocabulary")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(engine, "generate", generate)
+    r = await client.post(CHAT, json=chat_body())
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
