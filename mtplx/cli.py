@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mtplx import serve as serve_commands
+
 
 def _inspect(model: str) -> int:
     """``mtplx inspect MODEL``: print the report; the exit code is the tier's."""
@@ -23,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``mtplx`` command."""
     parser = argparse.ArgumentParser(prog="mtplx", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("serve", help="start the OpenAI-compatible server")
+    serve_commands.add_serve_parser(commands)
+    serve_commands.add_generate_parser(commands)
     inspect_parser = commands.add_parser(
         "inspect",
         help="describe a checkpoint: architecture, size, MTP heads, compatibility tier",
@@ -33,12 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     inspect_parser.add_argument("model", help="checkpoint directory or hub repo id")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        print(
-            "mtplx serve: the HTTP server is not built yet (see the server issue); "
-            "the sampling core is available as mtplx.sampling.",
-            file=sys.stderr,
-        )
-        return 2
+        return serve_commands.serve(args)
+    if args.command == "generate":
+        return serve_commands.generate(args)
     if args.command == "inspect":
         return _inspect(args.model)
     return 0

@@ -1,0 +1,75 @@
+"""The FastAPI application factory.
+
+``create_app(engine_or_scheduler, settings)`` wires the routes, the error handlers and the
+ASGI middleware (request log outermost, then API key, then body limit). The engine is
+plugged in through a ``Scheduler``: pass one (``Scheduler(factory)`` loads the model on the
+engine thread while /health answers 503), or pass an engine and one is made around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from mtplx.scheduler import EngineLike, Scheduler
+from server.auth import ApiKeyMiddleware
+from server.context import AppContext
+from server.errors import install_error_handlers
+from server.limits import BodyLimitMiddleware
+from server.metrics import ServerMetrics
+from server.request_log import RequestLogMiddleware
+from server.routes import chat, completions, system
+from server.settings import ServerSettings
+
+__all__ = ["create_app"]
+
+
+def create_app(
+    engine: EngineLike | Scheduler,
+    settings: ServerSettings | None = None,
+    *,
+    blas_info: Callable[[], Any] | None = None,
+) -> FastAPI:
+    """Build the app. The scheduler starts with the app (lifespan) and stops with it.
+
+    ``blas_info`` is asked on each /health for a description of the BLAS in use.
+    """
+    settings = settings or ServerSettings()
+    scheduler = (
+        engine
+        if isinstance(engine, Scheduler)
+        else Scheduler.from_engine(
+            engine, max_queue=settings.max_queue, request_timeout=settings.request_timeout
+        )
+    )
+    metrics = ServerMetrics(
+        queue_depth=lambda: scheduler.queue_depth, active=lambda: scheduler.active
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        scheduler.start()
+        try:
+            yield
+        finally:
+            # Joining the engine thread blocks; keep the loop free for closing connections.
+            await asyncio.to_thread(scheduler.stop)
+
+    app = FastAPI(title="MTPLX", version="0.1.0", lifespan=lifespan)
+    app.state.ctx = AppContext(
+        scheduler=scheduler, settings=settings, metrics=metrics, blas_info=blas_info
+    )
+    install_error_handlers(app)
+    app.include_router(chat.router)
+    app.include_router(completions.router)
+    app.include_router(system.router)
+    # add_middleware wraps: the last added is the outermost.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    if settings.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value())
+    app.add_middleware(RequestLogMiddleware, metrics=metrics)
+    return app

@@ -1,0 +1,58 @@
+"""What every route needs, kept on ``app.state.ctx``: the scheduler, settings, metrics and
+the host facts /health reports."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+
+from mtplx.scheduler import EngineLike, Scheduler
+from server.errors import APIError
+from server.metrics import ServerMetrics
+from server.settings import ServerSettings
+
+__all__ = ["AppContext", "get_context"]
+
+
+@dataclass
+class AppContext:
+    """Per-app state shared by the routes."""
+
+    scheduler: Scheduler
+    settings: ServerSettings
+    metrics: ServerMetrics
+    blas_info: Callable[[], Any] | None = None
+    started_at: float = field(default_factory=time.time)
+
+    def engine(self) -> EngineLike:
+        """The engine, or a 503 APIError while it loads (or after it failed to)."""
+        state = self.scheduler.state
+        if state != "ready":
+            message = (
+                f"The model failed to load: {self.scheduler.load_error}"
+                if state == "failed"
+                else "The model is loading; retry shortly."
+            )
+            headers = {"Retry-After": "5"} if state in ("created", "loading") else None
+            raise APIError(503, message, code="model_not_ready", headers=headers)
+        return self.scheduler.engine
+
+    def model_id(self) -> str:
+        """The id clients use in ``model``."""
+        return self.settings.served_model_name or self.scheduler.engine.model_name
+
+    def model_names(self) -> set[str]:
+        """Every value ``model`` may take: the served name, the engine's name, the path."""
+        names = {self.model_id(), self.scheduler.engine.model_name}
+        if self.settings.model:
+            names.add(self.settings.model)
+        return names
+
+
+def get_context(request: Request) -> AppContext:
+    """The AppContext of the app serving ``request``."""
+    return request.app.state.ctx

@@ -1,0 +1,101 @@
+"""Prometheus metrics on a per-app registry: requests, latency, time to first token,
+tokens, queue gauges and the speculative-decoding counters vLLM and llama.cpp export
+(drafts, draft tokens, accepted tokens, accepted tokens per draft position)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from mtplx.request import GenerationStats
+
+__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class ServerMetrics:
+    """All metrics of one app. A fresh registry per app keeps tests independent."""
+
+    def __init__(
+        self,
+        queue_depth: Callable[[], float] | None = None,
+        active: Callable[[], float] | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "mtplx_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
+            registry=r,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "mtplx_request_duration_seconds", "Request latency, arrival to last byte",
+            ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "mtplx_time_to_first_token_seconds", "Arrival to first generated token",
+            ["endpoint"], buckets=_TTFT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter("mtplx_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("mtplx_generation_tokens", "Tokens generated", registry=r)
+        self.cycles = Counter("mtplx_spec_decode_cycles", "Verify forwards", registry=r)
+        self.drafts = Counter(
+            "mtplx_spec_decode_num_drafts", "Cycles that verified draft tokens", registry=r
+        )
+        self.draft_tokens = Counter(
+            "mtplx_spec_decode_num_draft_tokens", "Draft tokens proposed", registry=r
+        )
+        self.accepted_tokens = Counter(
+            "mtplx_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r
+        )
+        self.accepted_per_position = Counter(
+            "mtplx_spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each draft position", ["position"], registry=r,
+        )  # fmt: skip
+        self.drafted_per_position = Counter(
+            "mtplx_spec_decode_num_draft_tokens_per_pos",
+            "Draft tokens proposed at each draft position", ["position"], registry=r,
+        )  # fmt: skip
+        self.queue_depth = Gauge("mtplx_queue_depth", "Requests waiting for the engine", registry=r)
+        self.running = Gauge("mtplx_requests_running", "Requests the engine is running", registry=r)
+        if queue_depth is not None:
+            self.queue_depth.set_function(queue_depth)
+        if active is not None:
+            self.running.set_function(active)
+
+    def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
+        """One finished HTTP request."""
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+        self.latency.labels(endpoint=endpoint).observe(seconds)
+
+    def observe_ttft(self, endpoint: str, seconds: float) -> None:
+        """Time from arrival to the first generated token."""
+        self.ttft.labels(endpoint=endpoint).observe(seconds)
+
+    def observe_generation(self, prompt_tokens: int, stats: Sequence[GenerationStats]) -> None:
+        """Token and speculative counters of one request's choices."""
+        self.prompt_tokens.inc(prompt_tokens)
+        for s in stats:
+            self.generation_tokens.inc(s.completion_tokens)
+            self.cycles.inc(s.num_cycles)
+            self.drafts.inc(s.num_drafts)
+            self.draft_tokens.inc(s.num_draft_tokens)
+            self.accepted_tokens.inc(s.num_accepted_tokens)
+            for position, count in enumerate(s.accepted_per_position):
+                self.accepted_per_position.labels(position=str(position)).inc(count)
+            for position, count in enumerate(s.drafted_per_position):
+                self.drafted_per_position.labels(position=str(position)).inc(count)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)

@@ -1,0 +1,257 @@
+"""From a validated OpenAI request to engine input: prompt token ids (chat template or raw
+completion prompts) and one ``GenerationRequest`` per choice, with every limit checked and
+every rejection an ``APIError`` naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mtplx.request import GenerationRequest
+from mtplx.sampling import SamplerConfig
+from mtplx.scheduler import EngineLike
+from server.errors import APIError, from_value_error
+from server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, unsupported_fields
+from server.settings import ServerSettings
+
+__all__ = [
+    "Prompt",
+    "aliases_for",
+    "build_requests",
+    "chat_prompt",
+    "check_common",
+    "completion_prompts",
+]
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt as token ids, and its text (for ``echo``)."""
+
+    token_ids: list[int]
+    text: str
+
+
+def check_common(
+    body: ChatCompletionRequest | CompletionRequest, settings: ServerSettings, model_names: set[str]
+) -> None:
+    """Checks that need no tokenizer: unsupported fields, model, n, stream_options."""
+    unsupported = unsupported_fields(body)
+    if unsupported:
+        field, reason = unsupported
+        raise APIError(400, f"'{field}': {reason}", param=field, code="unsupported_parameter")
+    if body.model not in model_names:
+        raise APIError(
+            404, f"The model '{body.model}' does not exist", param="model", code="model_not_found"
+        )
+    if body.n > settings.max_n:
+        raise APIError(
+            400, f"n must be <= {settings.max_n}, got {body.n}", param="n", code="invalid_value"
+        )
+    if body.stream_options is not None and not body.stream:
+        raise APIError(
+            400,
+            "stream_options is only allowed when stream is true",
+            param="stream_options",
+            code="invalid_value",
+        )
+
+
+def _message_text(message: ChatMessage, index: int) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    texts = []
+    for j, part in enumerate(message.content):
+        if part.type != "text" or part.text is None:
+            raise APIError(
+                400,
+                f"only text content parts are supported, got type {part.type!r}",
+                param=f"messages[{index}].content[{j}]"
+                + (".type" if part.type != "text" else ".text"),
+                code="unsupported_parameter",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _as_token_ids(value: Any) -> list[int]:
+    """apply_chat_template returns ids, or (transformers 5) a mapping with input_ids."""
+    if isinstance(value, Mapping):
+        value = value["input_ids"]
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if value and isinstance(value[0], list):  # batched
+        value = value[0]
+    return [int(t) for t in value]
+
+
+def chat_prompt(tokenizer: Any, messages: Sequence[ChatMessage]) -> Prompt:
+    """Token ids of the conversation under the model's chat template (generation prompt
+    appended). ``developer`` is sent to the template as ``system``."""
+    conversation = [
+        {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m, i)}
+        for i, m in enumerate(messages)
+    ]
+    try:
+        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    except (ValueError, TypeError, KeyError) as exc:  # no template, or one rejecting the roles
+        raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
+    return Prompt(_as_token_ids(ids), "")
+
+
+def completion_prompts(tokenizer: Any, prompt: str | list[Any]) -> list[Prompt]:
+    """One Prompt per entry: a string, a list of strings, token ids or lists of token ids."""
+    if isinstance(prompt, str):
+        return [Prompt(list(tokenizer.encode(prompt)), prompt)]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", param="prompt", code="invalid_value")
+    if isinstance(prompt[0], int):
+        return [Prompt(list(prompt), tokenizer.decode(prompt))]
+    if isinstance(prompt[0], str):
+        return [Prompt(list(tokenizer.encode(text)), text) for text in prompt]
+    return [Prompt(list(ids), tokenizer.decode(ids)) for ids in prompt]
+
+
+def _max_tokens(
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt_len: int,
+    engine: EngineLike,
+    settings: ServerSettings,
+) -> tuple[int, str]:
+    """The max_tokens to use and the field it came from."""
+    field, requested = "max_tokens", body.max_tokens
+    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+        if requested is not None and requested != body.max_completion_tokens:
+            raise APIError(
+                400,
+                "max_tokens and max_completion_tokens differ; send one of them",
+                param="max_completion_tokens",
+                code="invalid_value",
+            )
+        field, requested = "max_completion_tokens", body.max_completion_tokens
+    room = engine.context_length - prompt_len
+    if requested is None:
+        default = (
+            COMPLETIONS_DEFAULT_MAX_TOKENS
+            if isinstance(body, CompletionRequest)
+            else settings.max_tokens_limit
+        )
+        return max(1, min(default, settings.max_tokens_limit, room)), field
+    if requested > settings.max_tokens_limit:
+        raise APIError(
+            400,
+            f"{field} must be <= {settings.max_tokens_limit} on this server, got {requested}",
+            param=field,
+            code="invalid_value",
+        )
+    if requested > room:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {engine.context_length} tokens. However, "
+            f"you requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
+            f"{requested} for the completion).",
+            param=field,
+            code="context_length_exceeded",
+        )
+    return requested, field
+
+
+def _logprobs(body: ChatCompletionRequest | CompletionRequest) -> int | None:
+    if isinstance(body, CompletionRequest):
+        if body.echo and body.logprobs is not None:
+            raise APIError(
+                400,
+                "echo with logprobs is not supported (no prompt logprobs)",
+                param="echo",
+                code="unsupported_parameter",
+            )
+        return body.logprobs
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(
+            400,
+            "top_logprobs requires logprobs to be true",
+            param="top_logprobs",
+            code="invalid_value",
+        )
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def aliases_for(body: ChatCompletionRequest | CompletionRequest) -> dict[str, str]:
+    """Engine field names (first word of its ValueErrors) to the API field to report."""
+    chat = isinstance(body, ChatCompletionRequest)
+    max_tokens = "max_completion_tokens" if chat and body.max_completion_tokens else "max_tokens"
+    return {
+        "prompt_ids": "messages" if chat else "prompt",
+        "prompt": "messages" if chat else "prompt",
+        "drafter": "mtplx.drafter",
+        "depth": "mtplx.depth",
+        "logprobs": "top_logprobs" if chat else "logprobs",
+        "max_tokens": max_tokens,
+    }
+
+
+def build_requests(
+    body: ChatCompletionRequest | CompletionRequest,
+    prompts: Sequence[Prompt],
+    engine: EngineLike,
+    settings: ServerSettings,
+) -> list[GenerationRequest]:
+    """One GenerationRequest per choice, prompt-major: choice ``p * n + i`` is sample i of
+    prompt p. With a seed, choice k uses ``seed + k``, so every choice is reproducible."""
+    aliases = aliases_for(body)
+    prompt_param = aliases["prompt"]
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if any(not s for s in stop):
+        raise APIError(400, "stop strings must not be empty", param="stop", code="invalid_value")
+    logprobs = _logprobs(body)
+    options = body.mtplx
+    drafter = options.drafter if options else None  # None: the engine's default drafter
+    # GenerationRequest.depth None means adaptive; only an explicit "depth" (even null)
+    # overrides the server's configured default.
+    explicit_depth = options is not None and "depth" in options.model_fields_set
+    depth = options.depth if explicit_depth else engine.default_depth
+    requests = []
+    for p, prompt in enumerate(prompts):
+        if len(prompt.token_ids) >= engine.context_length:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {engine.context_length} tokens. "
+                f"However, your prompt is {len(prompt.token_ids)} tokens.",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+        max_tokens, _ = _max_tokens(body, len(prompt.token_ids), engine, settings)
+        for i in range(body.n):
+            choice = p * body.n + i
+            try:
+                sampler = SamplerConfig(
+                    temperature=1.0 if body.temperature is None else body.temperature,
+                    top_p=1.0 if body.top_p is None else body.top_p,
+                    top_k=max(0, body.top_k or 0),
+                    min_p=body.min_p or 0.0,
+                    presence_penalty=body.presence_penalty or 0.0,
+                    frequency_penalty=body.frequency_penalty or 0.0,
+                    repetition_penalty=(
+                        1.0 if body.repetition_penalty is None else body.repetition_penalty
+                    ),
+                    logit_bias=dict(body.logit_bias or {}),
+                    seed=None if body.seed is None else body.seed + choice,
+                )
+                requests.append(
+                    GenerationRequest(
+                        prompt_ids=prompt.token_ids,
+                        sampler=sampler,
+                        max_tokens=max_tokens,
+                        stop=tuple(stop),
+                        ignore_eos=body.ignore_eos,
+                        drafter=drafter,
+                        depth=depth,
+                        logprobs=logprobs,
+                    )
+                )
+            except ValueError as exc:
+                raise from_value_error(exc, aliases) from exc
+    return requests

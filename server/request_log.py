@@ -1,0 +1,77 @@
+"""One structured log line per request (id, method, endpoint, status, tokens, latency) and
+the request counters / latency histogram. Pure ASGI, so streaming replies are timed to
+their last byte."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.metrics import ServerMetrics
+
+__all__ = ["RequestLogMiddleware", "endpoint_label"]
+
+log = logging.getLogger("mtplx.access")
+
+
+def endpoint_label(scope: Scope) -> str:
+    """The route template (bounded label values), or "unmatched"."""
+    route = scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
+
+
+class RequestLogMiddleware:
+    """Assigns ``x-request-id`` (the client's if sent), logs, and counts every request."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = ""
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                request_id = value.decode("latin-1")[:64]
+        request_id = request_id or uuid.uuid4().hex[:16]
+        state: dict[str, Any] = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        state["started"] = started
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            seconds = time.perf_counter() - started
+            endpoint = endpoint_label(scope)
+            usage = scope.get("state", {}).get("usage") or {}
+            if state.get("disconnected"):
+                status = 499  # nginx's "client closed request"
+            self.metrics.observe_request(endpoint, status, seconds)
+            log.info(
+                "request id=%s method=%s endpoint=%s status=%d prompt_tokens=%s "
+                "completion_tokens=%s latency_ms=%.1f",
+                request_id,
+                scope["method"],
+                endpoint if endpoint != "unmatched" else scope["path"],
+                status,
+                usage.get("prompt_tokens", 0),
+                usage.get("completion_tokens", 0),
+                seconds * 1000,
+            )

@@ -1,0 +1,1 @@
+"""HTTP routes: chat completions, completions, and models / health / metrics."""

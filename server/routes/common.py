@@ -1,0 +1,110 @@
+"""What the chat and completions routes share: body parsing and the stream-or-collect tail
+of a request."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+
+from mtplx.request import GenerationStats
+from mtplx.scheduler import SchedulerError, Ticket
+from server.context import AppContext
+from server.errors import APIError, from_validation_error
+from server.generation import (
+    ChoiceResult,
+    ClientDisconnected,
+    collect,
+    error_for,
+    run_until_disconnect,
+    speculative_summary,
+    usage,
+)
+from server.request_log import endpoint_label
+from server.streaming import ChunkFormatter, sse_response, stream_chunks
+
+__all__ = ["new_id", "parse_body", "respond"]
+
+M = TypeVar("M", bound=BaseModel)
+
+BuildReply = Callable[[list[ChoiceResult], dict[str, int], dict[str, Any]], dict[str, Any]]
+
+
+def new_id(prefix: str) -> str:
+    """``chatcmpl-…`` / ``cmpl-…`` ids."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    """The JSON body validated as ``model``; 400 (never 422) for malformed JSON or values."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(
+            400, "We could not parse the JSON body of your request.", code="invalid_json"
+        ) from exc
+    if not isinstance(data, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc.errors()) from exc
+
+
+async def respond(
+    request: Request,
+    ctx: AppContext,
+    ticket: Ticket,
+    *,
+    num_choices: int,
+    prompt_tokens: int,
+    stream: bool,
+    include_usage: bool,
+    formatter: ChunkFormatter,
+    build_reply: BuildReply,
+) -> Response:
+    """Stream the ticket as SSE, or collect it into one JSON reply."""
+    endpoint = endpoint_label(request.scope)
+    started = getattr(request.state, "started", time.perf_counter())
+
+    def first_token() -> None:
+        ctx.metrics.observe_ttft(endpoint, time.perf_counter() - started)
+
+    def done(stats: Sequence[GenerationStats]) -> None:
+        ctx.metrics.observe_generation(prompt_tokens, stats)
+        request.state.usage = usage(prompt_tokens, stats)
+
+    if stream:
+        events = stream_chunks(
+            ticket,
+            formatter,
+            prompt_tokens=prompt_tokens,
+            include_usage=include_usage,
+            on_first_token=first_token,
+            on_done=done,
+        )
+        response = sse_response(events)
+        # If the client leaves before the body iterator starts, its cleanup never runs;
+        # this runs after the response either way and frees the engine.
+        response.background = BackgroundTask(ticket.cancel)
+        return response
+
+    try:
+        results = await run_until_disconnect(request, collect(ticket, num_choices, first_token))
+    except ClientDisconnected:
+        request.state.disconnected = True
+        return Response(status_code=499)
+    except SchedulerError as exc:
+        raise error_for(exc) from exc
+    stats = [r.stats for r in results if r.stats is not None]
+    done(stats)
+    reply = build_reply(results, usage(prompt_tokens, stats), speculative_summary(stats))
+    return JSONResponse(reply)

@@ -1,0 +1,92 @@
+"""GET /v1/models, /health and /metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from server.context import get_context
+from server.errors import APIError
+from server.metrics import CONTENT_TYPE
+
+router = APIRouter()
+
+
+def _model_card(request: Request) -> dict[str, Any]:
+    ctx = get_context(request)
+    engine = ctx.engine()
+    return {
+        "id": ctx.model_id(),
+        "object": "model",
+        "created": int(ctx.started_at),
+        "owned_by": "mtplx",
+        "context_length": engine.context_length,
+        "drafters": list(engine.available_drafters),
+    }
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    """The one model this server serves."""
+    return {"object": "list", "data": [_model_card(request)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+    """One model card, or 404."""
+    card = _model_card(request)
+    if model_id not in get_context(request).model_names():
+        raise APIError(
+            404, f"The model '{model_id}' does not exist", param="model", code="model_not_found"
+        )
+    return card
+
+
+def _blas(ctx: Any) -> Any:
+    if ctx.blas_info is None:
+        return None
+    try:
+        return ctx.blas_info()
+    except Exception as exc:  # a broken probe must not break /health
+        return f"unknown ({type(exc).__name__}: {exc})"
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 when serving; 503 while the model loads or after it failed to."""
+    ctx = get_context(request)
+    stats = ctx.scheduler.stats()
+    body: dict[str, Any] = {
+        "status": {"ready": "ok", "failed": "error"}.get(stats.state, stats.state),
+        "uptime_s": round(time.time() - ctx.started_at, 3),
+        "queue": {"depth": stats.queue_depth, "active": stats.active, "max": stats.max_queue},
+        "requests": {
+            "completed": stats.completed,
+            "failed": stats.failed,
+            "cancelled": stats.cancelled,
+        },
+        "blas": _blas(ctx),
+    }
+    if stats.state == "ready":
+        engine = ctx.scheduler.engine
+        body.update(
+            model=ctx.model_id(),
+            drafter=engine.default_drafter,
+            depth=engine.default_depth if engine.default_depth is not None else "adaptive",
+            available_drafters=list(engine.available_drafters),
+            context_length=engine.context_length,
+        )
+        return JSONResponse(body)
+    if stats.state == "failed":
+        body["error"] = str(ctx.scheduler.load_error)
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition."""
+    return Response(get_context(request).metrics.render(), media_type=CONTENT_TYPE)

@@ -1,0 +1,149 @@
+"""OpenAI request and response models (pydantic v2).
+
+Requests are strict (``"0.5"`` is not a number) and forbid unknown fields, so nothing a
+client sends is silently ignored. Fields OpenAI defines that MTPLX does not implement are
+declared as ``Any`` and rejected by ``unsupported_fields`` with a message naming them; only
+``user`` and ``metadata`` are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mtplx.request import DRAFTER_NAMES, MAX_DEPTH
+
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "ContentPart",
+    "MtplxOptions",
+    "StreamOptions",
+    "unsupported_fields",
+]
+
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class MtplxOptions(_Strict):
+    """The ``"mtplx"`` extension: which drafter and how many draft tokens per cycle."""
+
+    drafter: Literal[DRAFTER_NAMES] | None = None  # type: ignore[valid-type]
+    depth: int | None = Field(None, ge=0, le=MAX_DEPTH)
+
+
+class StreamOptions(_Strict):
+    """``stream_options``: ``include_usage`` adds a final chunk carrying usage."""
+
+    include_usage: bool = False
+
+
+class ContentPart(BaseModel):
+    """One content part. Only ``{"type": "text", "text": ...}`` is supported; other types
+    (image_url, input_audio, ...) are rejected when the prompt is built, naming the part."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Strict):
+    """A system / developer / user / assistant message."""
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+
+class _SamplingFields(_Strict):
+    """Parameters chat and completions share."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)  # -1 and 0 both mean off (vLLM uses -1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    user: str | None = None  # accepted and ignored
+    metadata: dict[str, Any] | None = None  # accepted and ignored
+    mtplx: MtplxOptions | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    # Defined by OpenAI, not implemented here: rejected with a 400 naming the field.
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    parallel_tool_calls: Any = None
+    response_format: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+
+
+class CompletionRequest(_SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=20)
+    best_of: int | None = Field(None, ge=1)
+    suffix: Any = None
+
+
+_UNSUPPORTED = {
+    "tools": "tool calling is not supported",
+    "tool_choice": "tool calling is not supported",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "parallel_tool_calls": "tool calling is not supported",
+    "audio": "audio output is not supported",
+    "modalities": "only text output is supported",
+    "prediction": "predicted outputs are not supported",
+    "reasoning_effort": "reasoning_effort is not supported",
+    "web_search_options": "web search is not supported",
+    "suffix": "suffix (insertion) is not supported",
+}
+
+
+def unsupported_fields(body: BaseModel) -> tuple[str, str] | None:
+    """The first field the request sets that MTPLX does not implement: (field, reason)."""
+    values = body.__dict__
+    for name, reason in _UNSUPPORTED.items():
+        value = values.get(name)
+        if value is None or value == [] or (name == "modalities" and value == ["text"]):
+            continue  # absent, or the value that asks for nothing beyond text
+        return name, reason
+    response_format = values.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        return "response_format", "only response_format {'type': 'text'} is supported"
+    best_of = values.get("best_of")
+    if best_of is not None and best_of > 1:
+        return "best_of", "best_of > 1 is not supported"
+    return None

@@ -1,0 +1,125 @@
+"""Server settings: command line > environment (``MTPLX_*``) > YAML config file > defaults.
+
+A config file may only use the field names below; an unknown key is an error that names it,
+so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, SecretStr
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = ["ConfigError", "ServerSettings", "is_loopback", "load_settings", "read_config_file"]
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used (unreadable, not a mapping, unknown key)."""
+
+
+class ServerSettings(BaseSettings):
+    """Everything ``mtplx serve`` can be told, with defaults for a local single-user server."""
+
+    model_config = SettingsConfigDict(env_prefix="MTPLX_", extra="forbid", validate_default=True)
+
+    model: str | None = Field(None, description="checkpoint path or id; None = shipped default")
+    served_model_name: str | None = Field(None, description="id clients send; default: model's")
+    drafter: Literal["mtp", "draft_model", "ngram", "none"] = "mtp"
+    depth: int | None = Field(
+        None, ge=0, le=16, description="draft tokens per cycle; None=adaptive"
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: SecretStr | None = None
+    max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 429")
+    max_tokens_limit: int = Field(8192, ge=1, description="largest max_tokens a request may ask")
+    max_n: int = Field(16, ge=1, description="largest n (choices per request)")
+    request_timeout: float = Field(600.0, gt=0, description="seconds, waiting plus generating")
+    max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="larger bodies: 413")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Keyword arguments (the CLI) first, then the environment; load_settings adds the file.
+        return (init_settings, env_settings)
+
+
+class _MappingSource(PydanticBaseSettingsSource):
+    """Values read from a config file, lowest priority above the defaults."""
+
+    def __init__(self, settings_cls: type[BaseSettings], values: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._values = values
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config; raise ConfigError naming the file and any unknown key."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping of setting: value")
+    unknown = sorted(str(key) for key in data if key not in ServerSettings.model_fields)
+    if unknown:
+        raise ConfigError(
+            f"unknown key {unknown[0]!r} in config file {path} "
+            f"(known: {', '.join(ServerSettings.model_fields)})"
+        )
+    return data
+
+
+def load_settings(
+    config_file: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> ServerSettings:
+    """Settings with the documented precedence. ``overrides`` are the CLI values given
+    (leave out what the user did not pass, so the environment and the file still apply)."""
+    file_values = read_config_file(config_file) if config_file else {}
+
+    class _WithFile(ServerSettings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _MappingSource(settings_cls, file_values))
+
+    merged = _WithFile(**{k: v for k, v in (overrides or {}).items() if v is not None})
+    return ServerSettings.model_construct(**merged.model_dump())
+
+
+def is_loopback(host: str) -> bool:
+    """True for hosts only this machine can reach (localhost, 127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,100 @@
+"""Server-sent events: turn a ticket's events into OpenAI chunks as soon as the engine yields
+them, end with the finish chunk(s), the optional usage chunk and ``data: [DONE]``.
+
+Chat and completions differ only in chunk shape, supplied by a ``ChunkFormatter``. When the
+client disconnects, sse-starlette cancels the body iterator; leaving ``async with ticket``
+then cancels the ticket, so the engine drops the request within one cycle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+from sse_starlette import EventSourceResponse
+
+from mtplx.request import FinishEvent, GenerationStats, TokenEvent
+from mtplx.scheduler import SchedulerError, Ticket
+from server.generation import error_for, speculative_summary, usage
+
+__all__ = ["ChunkFormatter", "sse_response", "stream_chunks"]
+
+
+class ChunkFormatter(Protocol):
+    """Builds the JSON chunks of one streaming reply."""
+
+    wants_logprobs: bool
+
+    def begin(self, index: int) -> dict[str, Any] | None:
+        """The first chunk of a choice (chat: the role delta; completions: echo), or None."""
+        ...
+
+    def token(self, index: int, event: TokenEvent) -> dict[str, Any]:
+        """A chunk carrying one token's text (and logprobs when asked)."""
+        ...
+
+    def finish(self, index: int, reason: str) -> dict[str, Any]:
+        """The last chunk of a choice, carrying finish_reason."""
+        ...
+
+    def usage(self, usage: dict[str, int], mtplx: dict[str, Any]) -> dict[str, Any]:
+        """The usage chunk (``choices: []``) sent when ``include_usage`` is set."""
+        ...
+
+
+def _data(chunk: dict[str, Any]) -> dict[str, str]:
+    return {"data": json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))}
+
+
+async def stream_chunks(
+    ticket: Ticket,
+    formatter: ChunkFormatter,
+    *,
+    prompt_tokens: int,
+    include_usage: bool,
+    on_first_token: Callable[[], None] | None = None,
+    on_done: Callable[[list[GenerationStats]], None] | None = None,
+) -> AsyncIterator[dict[str, str]]:
+    """SSE events for one ticket. A failure after the headers went out is sent as an
+    ``{"error": ...}`` event (the status line is already 200) and the stream ends."""
+    stats: list[GenerationStats] = []
+    begun: set[int] = set()
+    first = True
+    async with ticket:
+        try:
+            async for index, event in ticket:
+                if index not in begun:
+                    begun.add(index)
+                    opening = formatter.begin(index)
+                    if opening is not None:
+                        yield _data(opening)
+                if isinstance(event, TokenEvent):
+                    if first and on_first_token is not None:
+                        on_first_token()
+                    first = False
+                    # An empty piece is a character still incomplete: nothing to send,
+                    # unless the client wants this token's logprob.
+                    if event.text or formatter.wants_logprobs:
+                        yield _data(formatter.token(index, event))
+                elif isinstance(event, FinishEvent):
+                    stats.append(event.stats)
+                    yield _data(formatter.finish(index, event.finish_reason))
+        except SchedulerError as exc:
+            yield _data(error_for(exc).body())
+            return
+    if on_done is not None:
+        on_done(stats)
+    if include_usage:
+        yield _data(formatter.usage(usage(prompt_tokens, stats), speculative_summary(stats)))
+    yield {"data": "[DONE]"}
+
+
+def sse_response(events: AsyncIterator[dict[str, str]]) -> EventSourceResponse:
+    """The streaming response: ``\\n`` line endings (what most clients expect) and no
+    proxy buffering."""
+    return EventSourceResponse(
+        events,
+        sep="\n",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

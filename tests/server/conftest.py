@@ -1,0 +1,57 @@
+"""Fixtures for in-process server tests: an app around the fake engine with its scheduler
+running, and an httpx client on ASGITransport."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from mtplx.scheduler import Scheduler
+from server.app import create_app
+from server.settings import ServerSettings
+from tests.fake_engine import FakeEngine
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def make_app() -> Any:
+    """``make_app(engine=None, **settings) -> FastAPI`` with the scheduler started (the
+    ASGI transport does not run the lifespan)."""
+    schedulers: list[Scheduler] = []
+
+    def factory(engine: Any = None, **settings: Any) -> FastAPI:
+        app = create_app(engine if engine is not None else FakeEngine(), ServerSettings(**settings))
+        scheduler = app.state.ctx.scheduler
+        scheduler.start()
+        scheduler.wait_ready(5)
+        schedulers.append(scheduler)
+        return app
+
+    yield factory
+    for scheduler in schedulers:
+        scheduler.stop()
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+def app(make_app: Any, engine: FakeEngine) -> FastAPI:
+    return make_app(engine)
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        yield c

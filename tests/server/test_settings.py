@@ -1,0 +1,85 @@
+"""Settings precedence (CLI > env > file > defaults), config validation, shipped presets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from server.settings import ConfigError, ServerSettings, is_loopback, load_settings
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_defaults(monkeypatch):
+    monkeypatch.delenv("MTPLX_PORT", raising=False)
+    settings = load_settings()
+    assert settings.host == "127.0.0.1" and settings.port == 8000
+    assert settings.drafter == "mtp" and settings.depth is None and settings.api_key is None
+
+
+def test_precedence_cli_over_env_over_file(tmp_path, monkeypatch):
+    config = tmp_path / "c.yaml"
+    config.write_text("port: 9001\nmax_queue: 5\ndepth: 2\nhost: 0.0.0.0\n")
+    monkeypatch.setenv("MTPLX_PORT", "9002")
+    monkeypatch.setenv("MTPLX_MAX_QUEUE", "6")
+    settings = load_settings(config, {"port": 9003, "depth": None})
+    assert settings.port == 9003  # CLI
+    assert settings.max_queue == 6  # environment
+    assert settings.depth == 2  # file (the CLI did not pass depth)
+    assert settings.host == "0.0.0.0"  # file
+    assert isinstance(settings, ServerSettings)
+
+
+def test_api_key_from_environment(monkeypatch):
+    monkeypatch.setenv("MTPLX_API_KEY", "k")
+    assert load_settings().api_key.get_secret_value() == "k"
+
+
+def test_unknown_key_in_config_is_named(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("port: 1\nmax_qeue: 3\n")
+    with pytest.raises(ConfigError, match="max_qeue"):
+        load_settings(config)
+
+
+def test_bad_value_in_config(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("drafter: telepathy\n")
+    with pytest.raises(ValidationError, match="drafter"):
+        load_settings(config)
+
+
+def test_config_must_be_a_mapping(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_settings(config)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "cpu-small.yaml", "apple-silicon-27b.yaml"])
+def test_shipped_configs_load(name):
+    settings = load_settings(CONFIGS / name)
+    assert settings.drafter in ("mtp", "draft_model", "ngram", "none")
+
+
+def test_apple_silicon_preset():
+    settings = load_settings(CONFIGS / "apple-silicon-27b.yaml")
+    assert "27B" in settings.model and settings.drafter == "mtp" and settings.depth == 3
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("localhost", True),
+        ("::1", True),
+        ("0.0.0.0", False),
+        ("10.0.0.2", False),
+    ],
+)
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) is loopback

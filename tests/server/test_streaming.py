@@ -1,0 +1,175 @@
+"""Streaming and the engine's lifecycle seen over HTTP: chunk order, UTF-8 pieces,
+disconnects freeing the engine, a full queue, timeouts, failures and concurrent streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from tests.fake_engine import FakeEngine
+from tests.server.helpers import ASGICall, chat_body, stream_text, wait_until
+
+pytestmark = pytest.mark.anyio
+
+CHAT = "/v1/chat/completions"
+
+
+async def test_chat_stream_chunk_order(app, engine):
+    body = chat_body(stream=True, max_tokens=10, seed=9)
+    call = ASGICall(app, CHAT, body)
+    assert await call.start() == 200
+    assert call.headers["content-type"].startswith("text/event-stream")
+    payloads = [p async for p in call.events()]
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"][0]["delta"] == {}
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    assert all("usage" not in c for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == engine.expected_text(engine.requests[-1])
+
+
+async def test_stream_usage_chunk(app):
+    body = chat_body(stream=True, max_tokens=4, stream_options={"include_usage": True})
+    _, chunks = await stream_text(app, CHAT, body)
+    assert all(c["usage"] is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last["choices"] == []
+    assert last["usage"]["completion_tokens"] == 4
+    assert last["mtplx"]["drafted"] == 3
+
+
+async def test_stream_pieces_never_split_utf8(app, engine):
+    # The fake's vocabulary is bytes; its word list has 2-, 3- and 4-byte characters.
+    text, chunks = await stream_text(app, CHAT, chat_body(stream=True, max_tokens=300, seed=1))
+    pieces = [c["choices"][0]["delta"].get("content", "") for c in chunks]
+    assert "\ufffd" not in text
+    assert any(len(p.encode()) > 1 for p in pieces)  # multi-byte characters did stream
+    assert text == engine.expected_text(engine.requests[-1])
+
+
+async def test_stream_n2_streams_each_choice_with_logprobs(app):
+    body = chat_body(stream=True, n=2, max_tokens=3, seed=0, logprobs=True, top_logprobs=1)
+    _, chunks = await stream_text(app, CHAT, body)
+    indices = [c["choices"][0]["index"] for c in chunks]
+    assert indices == sorted(indices) and set(indices) == {0, 1}
+    finishes = [c for c in chunks if c["choices"][0]["finish_reason"]]
+    assert [c["choices"][0]["index"] for c in finishes] == [0, 1]
+    with_logprobs = [c for c in chunks if c["choices"][0]["logprobs"]]
+    assert len(with_logprobs) == 6
+    entry = with_logprobs[0]["choices"][0]["logprobs"]["content"][0]
+    assert len(entry["top_logprobs"]) == 1
+
+
+async def test_tokens_leave_as_soon_as_the_engine_yields_them(make_app):
+    engine = FakeEngine(token_delay=0.05)
+    app = make_app(engine)
+    call = ASGICall(app, CHAT, chat_body(stream=True, max_tokens=40))
+    started = time.monotonic()
+    await call.start()
+    arrivals = []
+    async for data in call.events():
+        if data != "[DONE]":
+            arrivals.append(time.monotonic() - started)
+        if len(arrivals) == 3:
+            break
+    # The second chunk is the first token: it arrives after ~one token delay, not after 40.
+    assert arrivals[1] < 0.5
+    await call.disconnect()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_disconnect_frees_the_engine_within_one_cycle(make_app, stream):
+    engine = FakeEngine(token_delay=0.02)
+    app = make_app(engine)
+    scheduler = app.state.ctx.scheduler
+    call = ASGICall(app, CHAT, chat_body("long", stream=stream, max_tokens=3000))
+    if stream:
+        assert await call.start() == 200
+        received = 0
+        async for _ in call.events():
+            received += 1
+            if received == 3:
+                break
+    else:
+        await wait_until(lambda: scheduler.active == 1 and engine.log)
+        await asyncio.sleep(0.05)
+    await call.disconnect()
+    started = time.monotonic()
+    await wait_until(lambda: ("closed", "<|user|>long\n<|assistant|>") in engine.log, 1.0)
+    text, _ = await stream_text(app, CHAT, chat_body("next", stream=True, max_tokens=6))
+    assert time.monotonic() - started < 0.6  # not 3000 tokens x 20 ms
+    assert text
+    assert scheduler.stats().cancelled == 1
+
+
+async def test_full_queue_returns_429_with_retry_after(make_app):
+    engine = FakeEngine(token_delay=0.02)
+    app = make_app(engine, max_queue=1)
+    scheduler = app.state.ctx.scheduler
+    running = ASGICall(app, CHAT, chat_body("a", stream=True, max_tokens=1000))
+    await running.start()
+    await wait_until(lambda: scheduler.active == 1)
+    waiting = ASGICall(app, CHAT, chat_body("b", max_tokens=5))
+    await wait_until(lambda: scheduler.queue_depth == 1)
+    refused = ASGICall(app, CHAT, chat_body("c", max_tokens=5))
+    assert await refused.start() == 429
+    assert int(refused.headers["retry-after"]) >= 1
+    error = json.loads(await refused.body())["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == "queue_full"
+    await running.disconnect()
+    assert await waiting.start() == 200  # the waiting one is served once the engine frees
+    await waiting.body()
+    # Once the queue drains, requests are admitted again.
+    text, _ = await stream_text(app, CHAT, chat_body("d", stream=True, max_tokens=6))
+    assert text
+
+
+async def test_timeout_returns_504(make_app):
+    app = make_app(FakeEngine(token_delay=0.01), request_timeout=0.2)
+    call = ASGICall(app, CHAT, chat_body(max_tokens=3000))
+    assert await call.start(timeout=5) == 504
+    assert json.loads(await call.body())["error"]["type"] == "timeout_error"
+
+
+async def test_engine_failure_is_500_for_that_request_only(client):
+    r = await client.post(CHAT, json=chat_body("[[fail]]"))
+    assert r.status_code == 500
+    assert r.json()["error"]["code"] == "generation_failed"
+    r = await client.post(CHAT, json=chat_body("fine", max_tokens=3))
+    assert r.status_code == 200
+
+
+async def test_engine_failure_mid_stream_sends_an_error_event(app):
+    call = ASGICall(app, CHAT, chat_body("[[fail]]", stream=True))
+    assert await call.start() == 200
+    payloads = [p async for p in call.events()]
+    assert "[DONE]" not in payloads
+    assert json.loads(payloads[-1])["error"]["code"] == "generation_failed"
+    text, _ = await stream_text(app, CHAT, chat_body("ok", stream=True, max_tokens=6))
+    assert text
+
+
+async def test_sixteen_concurrent_streams_neither_lose_nor_mix_tokens(make_app):
+    engine = FakeEngine(token_delay=0.0005)
+    app = make_app(engine, max_queue=32)
+    bodies = [
+        chat_body(f"client {i}", stream=True, max_tokens=20 + i, seed=i, logprobs=i % 2 == 0)
+        for i in range(16)
+    ]
+    alone = [await stream_text(app, CHAT, body) for body in bodies]
+    together = await asyncio.gather(*(stream_text(app, CHAT, body) for body in bodies))
+    for (text_alone, chunks_alone), (text_together, chunks_together) in zip(
+        alone, together, strict=True
+    ):
+        assert text_together == text_alone
+        strip = [c["choices"] for c in chunks_alone]
+        assert [c["choices"] for c in chunks_together] == strip
+    assert engine.max_concurrent == 1

@@ -1,0 +1,170 @@
+"""/v1/models, /health (ready, loading, failed), /metrics, the API key and request logs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import httpx
+import pytest
+
+from mtplx.scheduler import Scheduler
+from tests.fake_engine import FakeEngine
+from tests.server.helpers import MODEL, chat_body
+
+pytestmark = pytest.mark.anyio
+
+
+def _client(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+async def test_models(client):
+    r = await client.get("/v1/models")
+    assert r.status_code == 200
+    data = r.json()
+    assert data["object"] == "list"
+    (card,) = data["data"]
+    assert card["id"] == MODEL and card["object"] == "model" and card["owned_by"] == "mtplx"
+    assert (await client.get(f"/v1/models/{MODEL}")).json()["id"] == MODEL
+    r = await client.get("/v1/models/other")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+async def test_health_when_ready(make_app):
+    app = make_app(FakeEngine())
+    app.state.ctx.blas_info = lambda: {"name": "openblas-shim", "threads": 4}
+    async with _client(app) as c:
+        r = await c.get("/health")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "ok"
+    assert body["model"] == MODEL and body["drafter"] == "mtp" and body["depth"] == 3
+    assert body["queue"] == {"depth": 0, "active": 0, "max": 64}
+    assert body["blas"] == {"name": "openblas-shim", "threads": 4}
+    assert body["uptime_s"] >= 0
+
+
+async def test_health_adaptive_depth_and_broken_blas_probe(make_app):
+    app = make_app(FakeEngine(default_depth=None))
+
+    def broken():
+        raise RuntimeError("no shim")
+
+    app.state.ctx.blas_info = broken
+    async with _client(app) as c:
+        body = (await c.get("/health")).json()
+    assert body["depth"] == "adaptive"
+    assert body["blas"].startswith("unknown")
+
+
+async def test_loading_is_503_then_ready(make_app):
+    gate = threading.Event()
+
+    def factory():
+        gate.wait(5)
+        return FakeEngine()
+
+    scheduler = Scheduler(factory)
+    from server.app import create_app
+
+    app = create_app(scheduler)
+    scheduler.start()
+    try:
+        async with _client(app) as c:
+            r = await c.get("/health")
+            assert r.status_code == 503 and r.json()["status"] == "loading"
+            r = await c.post("/v1/chat/completions", json=chat_body())
+            assert r.status_code == 503
+            assert r.json()["error"]["code"] == "model_not_ready"
+            assert r.headers["retry-after"] == "5"
+            assert (await c.get("/v1/models")).status_code == 503
+            gate.set()
+            assert scheduler.wait_ready(5)
+            assert (await c.get("/health")).status_code == 200
+            r = await c.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+            assert r.status_code == 200
+    finally:
+        gate.set()
+        scheduler.stop()
+
+
+async def test_failed_load_is_503_with_the_error(make_app):
+    def factory():
+        raise FileNotFoundError("checkpoint missing")
+
+    scheduler = Scheduler(factory)
+    from server.app import create_app
+
+    app = create_app(scheduler)
+    scheduler.start()
+    scheduler.wait_ready(5)
+    async with _client(app) as c:
+        r = await c.get("/health")
+        assert r.status_code == 503
+        assert r.json()["status"] == "error" and "checkpoint missing" in r.json()["error"]
+        r = await c.post("/v1/chat/completions", json=chat_body())
+        assert r.status_code == 503 and "checkpoint missing" in r.json()["error"]["message"]
+
+
+async def test_metrics_after_traffic(client):
+    await client.post("/v1/chat/completions", json=chat_body(max_tokens=8))
+    await client.post("/v1/chat/completions", json=chat_body(stream=True, max_tokens=8))
+    await client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4})
+    await client.post("/v1/chat/completions", json=chat_body(temperature=9))
+    r = await client.get("/metrics")
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    assert 'mtplx_requests_total{endpoint="/v1/chat/completions",status="200"} 2.0' in text
+    assert 'mtplx_requests_total{endpoint="/v1/chat/completions",status="400"} 1.0' in text
+    assert 'mtplx_requests_total{endpoint="/v1/completions",status="200"} 1.0' in text
+    assert 'mtplx_time_to_first_token_seconds_count{endpoint="/v1/chat/completions"} 2.0' in text
+    assert 'mtplx_request_duration_seconds_count{endpoint="/v1/completions"} 1.0' in text
+    assert "mtplx_generation_tokens_total 20.0" in text
+    # 8 + 8 + 4 tokens = 2 + 2 + 1 cycles of 3 drafts each.
+    assert "mtplx_spec_decode_num_drafts_total 5.0" in text
+    assert "mtplx_spec_decode_num_draft_tokens_total 15.0" in text
+    assert "mtplx_spec_decode_num_accepted_tokens_total 15.0" in text
+    assert 'mtplx_spec_decode_num_accepted_tokens_per_pos_total{position="0"} 5.0' in text
+    assert "mtplx_queue_depth 0.0" in text and "mtplx_requests_running 0.0" in text
+
+
+async def test_metrics_registries_are_per_app(make_app):
+    first, second = make_app(), make_app()
+    async with _client(first) as c:
+        await c.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+    async with _client(second) as c:
+        text = (await c.get("/metrics")).text
+    assert 'status="200"} 1.0' not in text.split("mtplx_requests_total")[1].split("#")[0]
+
+
+async def test_api_key(make_app):
+    app = make_app(api_key="s3cret")
+    async with _client(app) as c:
+        r = await c.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+        assert r.status_code == 401
+        assert r.json()["error"]["code"] == "invalid_api_key"
+        bad = {"Authorization": "Bearer wrong"}
+        assert (await c.get("/v1/models", headers=bad)).status_code == 401
+        good = {"Authorization": "Bearer s3cret"}
+        assert (await c.get("/v1/models", headers=good)).status_code == 200
+        r = await c.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=good)
+        assert r.status_code == 200
+        assert (await c.get("/health")).status_code == 200  # open for health checks
+
+
+async def test_one_log_line_per_request_with_id(client, caplog):
+    with caplog.at_level(logging.INFO, logger="mtplx.access"):
+        r = await client.post(
+            "/v1/chat/completions",
+            json=chat_body(max_tokens=3),
+            headers={"x-request-id": "req-123"},
+        )
+        await client.post("/v1/chat/completions", json=chat_body(n=0))
+    assert r.headers["x-request-id"] == "req-123"
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "mtplx.access"]
+    assert len(lines) == 2
+    assert "id=req-123" in lines[0] and "status=200" in lines[0]
+    assert "completion_tokens=3" in lines[0] and "latency_ms=" in lines[0]
+    assert "status=400" in lines[1]

@@ -1,0 +1,289 @@
+"""The scheduler: one engine thread, FIFO tickets, bounded queue, cancellation, timeouts and
+failure isolation, driven from asyncio with the deterministic fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
+from mtplx.sampling import SamplerConfig
+from mtplx.scheduler import (
+    EngineNotReady,
+    GenerationFailed,
+    QueueFull,
+    RequestTimeout,
+    Scheduler,
+)
+from tests.fake_engine import FakeEngine
+
+
+def _request(prompt: str, max_tokens: int = 8, seed: int | None = 0) -> GenerationRequest:
+    return GenerationRequest(
+        prompt_ids=list(prompt.encode()),
+        sampler=SamplerConfig(temperature=0.7, seed=seed),
+        max_tokens=max_tokens,
+    )
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+def scheduler(engine: FakeEngine):
+    sched = Scheduler.from_engine(engine, max_queue=4, request_timeout=10.0)
+    sched.start()
+    assert sched.wait_ready(5)
+    yield sched
+    sched.stop()
+
+
+async def _collect(ticket) -> tuple[str, str]:
+    text, reason = "", ""
+    async with ticket:
+        async for _, event in ticket:
+            if isinstance(event, TokenEvent):
+                text += event.text
+            else:
+                reason = event.finish_reason
+    return text, reason
+
+
+async def _wait_for(predicate, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def test_single_request_yields_tokens_then_finish(scheduler, engine):
+    request = _request("hi", max_tokens=12)
+
+    async def main():
+        return await _collect(scheduler.submit(request))
+
+    text, reason = asyncio.run(main())
+    assert text == engine.expected_text(request)
+    assert reason == "length"
+    assert scheduler.stats().completed == 1
+
+
+def test_multi_request_ticket_runs_in_order_with_indices(scheduler):
+    requests = [_request("a", seed=1), _request("b", seed=2)]
+
+    async def main():
+        seen = []
+        async for index, event in scheduler.submit(requests):
+            seen.append((index, type(event)))
+        return seen
+
+    seen = asyncio.run(main())
+    indices = [i for i, _ in seen]
+    assert indices == sorted(indices) and set(indices) == {0, 1}
+    assert [t for i, t in seen if i == 0][-1] is FinishEvent
+
+
+def test_tickets_run_fifo_and_never_concurrently(engine):
+    engine.token_delay = 0.002
+    sched = Scheduler.from_engine(engine, max_queue=16)
+    sched.start()
+
+    async def main():
+        tickets = [sched.submit(_request(f"p{i}", max_tokens=5)) for i in range(6)]
+        return await asyncio.gather(*(_collect(t) for t in tickets))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        sched.stop()
+    assert engine.max_concurrent == 1
+    starts = [label for kind, label in engine.log if kind == "start"]
+    assert starts == [f"p{i}" for i in range(6)]
+    for i, (text, _) in enumerate(results):
+        assert text == engine.expected_text(_request(f"p{i}", max_tokens=5))
+
+
+def test_engine_runs_on_the_worker_thread_that_built_it():
+    threads = {}
+
+    def factory():
+        threads["load"] = threading.current_thread()
+        return FakeEngine()
+
+    sched = Scheduler(factory)
+    sched.start()
+    assert sched.wait_ready(5)
+
+    async def main():
+        await _collect(sched.submit(_request("x")))
+
+    asyncio.run(main())
+    sched.stop()
+    assert threads["load"] is not threading.main_thread()
+    assert threads["load"].name == "mtplx-engine"
+
+
+def test_full_queue_raises_queue_full_with_retry_after(engine):
+    engine.token_delay = 0.01
+    sched = Scheduler.from_engine(engine, max_queue=2)
+    sched.start()
+
+    async def main():
+        running = sched.submit(_request("run", max_tokens=200))
+        await _wait_for(lambda: sched.active == 1)
+        waiting = [sched.submit(_request(f"w{i}")) for i in range(2)]
+        assert sched.queue_depth == 2
+        with pytest.raises(QueueFull) as info:
+            sched.submit(_request("over"))
+        assert info.value.retry_after >= 1
+        for ticket in [running, *waiting]:
+            ticket.cancel()
+
+    asyncio.run(main())
+    sched.stop()
+
+
+def test_cancel_running_ticket_frees_engine_within_one_cycle(engine):
+    engine.token_delay = 0.02
+    sched = Scheduler.from_engine(engine)
+    sched.start()
+
+    async def main():
+        ticket = sched.submit(_request("long", max_tokens=10_000))
+        async for _index, _event in ticket:
+            break  # one token seen: the request is running
+        ticket.cancel()
+        started = time.monotonic()
+        text, _ = await _collect(sched.submit(_request("next", max_tokens=6)))
+        return time.monotonic() - started, text
+
+    elapsed, text = asyncio.run(main())
+    sched.stop()
+    assert ("closed", "long") in engine.log
+    assert text
+    assert elapsed < 0.5  # one cycle (20 ms) plus three tokens, not 10 000 tokens
+
+
+def test_cancel_waiting_ticket_leaves_the_queue(engine):
+    engine.token_delay = 0.01
+    sched = Scheduler.from_engine(engine)
+    sched.start()
+
+    async def main():
+        running = sched.submit(_request("run", max_tokens=100))
+        await _wait_for(lambda: sched.active == 1)
+        waiting = sched.submit(_request("waiting"))
+        assert sched.queue_depth == 1
+        async with waiting:
+            pass  # leaving the block without reading cancels
+        assert sched.queue_depth == 0
+        running.cancel()
+        await _wait_for(lambda: sched.active == 0)
+
+    asyncio.run(main())
+    sched.stop()
+    assert ("start", "waiting") not in engine.log
+
+
+def test_failure_is_delivered_to_that_ticket_only(scheduler, engine):
+    async def main():
+        with pytest.raises(GenerationFailed) as info:
+            await _collect(scheduler.submit(_request("[[fail]]")))
+        assert isinstance(info.value.__cause__, RuntimeError)
+        return await _collect(scheduler.submit(_request("after")))
+
+    text, reason = asyncio.run(main())
+    assert text == engine.expected_text(_request("after")) and reason == "length"
+    assert scheduler.stats().failed == 1
+
+
+def test_timeout_stops_the_request(engine):
+    engine.token_delay = 0.01
+    sched = Scheduler.from_engine(engine, request_timeout=0.1)
+    sched.start()
+
+    async def main():
+        with pytest.raises(RequestTimeout):
+            await _collect(sched.submit(_request("slow", max_tokens=10_000)))
+        await _wait_for(lambda: sched.active == 0, timeout=1.0)
+
+    asyncio.run(main())
+    sched.stop()
+
+
+def test_validate_errors_raise_before_queueing(scheduler):
+    async def main():
+        with pytest.raises(ValueError, match="context length"):
+            scheduler.submit(_request("x" * 5000))
+        assert scheduler.queue_depth == 0
+
+    asyncio.run(main())
+
+
+def test_loading_then_ready_and_load_failure():
+    gate = threading.Event()
+
+    def slow_factory():
+        gate.wait(5)
+        return FakeEngine()
+
+    sched = Scheduler(slow_factory)
+    sched.start()
+
+    with pytest.raises(EngineNotReady) as info:
+        asyncio.run(_submit(sched))
+    assert info.value.retry_after and sched.state == "loading"
+    gate.set()
+    assert sched.wait_ready(5) and sched.state == "ready"
+    sched.stop()
+
+    def broken():
+        raise OSError("no such checkpoint")
+
+    failed = Scheduler(broken)
+    failed.start()
+    assert not failed.wait_ready(5)
+    assert failed.state == "failed"
+    with pytest.raises(EngineNotReady, match="no such checkpoint"):
+        asyncio.run(_submit(failed))
+
+
+async def _submit(sched: Scheduler):
+    return sched.submit(_request("x"))
+
+
+def test_stop_fails_waiting_tickets(engine):
+    engine.token_delay = 0.01
+    sched = Scheduler.from_engine(engine)
+    sched.start()
+
+    async def main():
+        running = sched.submit(_request("run", max_tokens=1000))
+        await _wait_for(lambda: sched.active == 1)
+        waiting = sched.submit(_request("wait"))
+        await asyncio.to_thread(sched.stop)
+        with pytest.raises(EngineNotReady):
+            await _collect(waiting)
+        await _collect(running)  # ends (cancelled) instead of hanging
+
+    asyncio.run(main())
+
+
+def test_idle_engine_admits_a_burst_up_to_capacity(engine):
+    engine.token_delay = 0.005
+    sched = Scheduler.from_engine(engine, max_queue=1)
+    sched.start()
+
+    async def main():
+        # The first ticket is about to run, so it does not take the one waiting slot.
+        first = sched.submit(_request("one"))
+        second = sched.submit(_request("two"))
+        await asyncio.gather(_collect(first), _collect(second))
+
+    asyncio.run(main())
+    sched.stop()

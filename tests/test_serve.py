@@ -1,0 +1,114 @@
+"""``mtplx serve`` / ``mtplx generate``: argument handling, settings precedence from the
+command line, the engine factory and the terminal generator (engine faked)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from mtplx import cli
+from mtplx import serve as serve_commands
+from tests.fake_engine import FakeEngine
+
+
+@pytest.fixture
+def fake_engine_modules(monkeypatch):
+    """Stand-ins for mtplx.engine.Engine and mtplx.models.load, recording their calls."""
+    calls = {}
+
+    class Engine(FakeEngine):
+        def __init__(self, loaded, default_drafter="mtp", default_depth=None):
+            calls["engine"] = (loaded, default_drafter, default_depth)
+            super().__init__(default_drafter=default_drafter, default_depth=default_depth)
+
+    engine_module = types.ModuleType("mtplx.engine")
+    engine_module.Engine = Engine
+    monkeypatch.setitem(sys.modules, "mtplx.engine", engine_module)
+    import mtplx.models
+
+    monkeypatch.setattr(mtplx.models, "load", lambda path: f"loaded:{path}", raising=False)
+    return calls
+
+
+def test_engine_factory_builds_engine_lazily(fake_engine_modules):
+    build = serve_commands.engine_factory("/ckpt", "ngram", 4)
+    assert "engine" not in fake_engine_modules  # nothing loads until the engine thread asks
+    engine = build()
+    assert fake_engine_modules["engine"] == ("loaded:/ckpt", "ngram", 4)
+    assert engine.default_drafter == "ngram"
+
+
+def test_missing_default_model_fails_clearly(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mtplx.models.gguf", None)  # import fails
+    with pytest.raises(SystemExit, match="default model is unavailable"):
+        serve_commands.engine_factory(None, "mtp", None)
+
+
+def test_default_model_is_resolved_on_the_engine_thread(monkeypatch, fake_engine_modules):
+    gguf = types.ModuleType("mtplx.models.gguf")
+    gguf.ensure_default_model = lambda: "/models/default"
+    monkeypatch.setitem(sys.modules, "mtplx.models.gguf", gguf)
+    serve_commands.engine_factory(None, "mtp", None)()
+    assert fake_engine_modules["engine"][0] == "loaded:/models/default"
+
+
+@pytest.mark.parametrize("depth", ["-1", "17", "deep"])
+def test_bad_depth_is_an_argument_error(depth, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "m", "--depth", depth])
+    assert "depth" in capsys.readouterr().err
+
+
+def test_non_loopback_without_key_refuses(capsys, monkeypatch):
+    monkeypatch.delenv("MTPLX_API_KEY", raising=False)
+    assert cli.main(["serve", "m", "--host", "0.0.0.0"]) == 2
+    assert "API key" in capsys.readouterr().err
+
+
+def test_unknown_config_key_is_reported(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("prot: 1\n")
+    assert cli.main(["serve", "m", "--config", str(config)]) == 2
+    assert "prot" in capsys.readouterr().err
+
+
+def test_serve_runs_uvicorn_with_merged_settings(tmp_path, monkeypatch, fake_engine_modules):
+    config = tmp_path / "c.yaml"
+    config.write_text("port: 9100\nmax_queue: 3\ndrafter: ngram\n")
+    monkeypatch.setenv("MTPLX_MAX_QUEUE", "4")
+    seen = {}
+
+    def fake_run(app, host, port, log_level):
+        seen.update(app=app, host=host, port=port)
+
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    argv = ["serve", "/ckpt", "--config", str(config), "--depth", "adaptive", "--port", "9200"]
+    assert cli.main([*argv, "--host", "0.0.0.0", "--api-key", "k"]) == 0
+    ctx = seen["app"].state.ctx
+    assert (seen["host"], seen["port"]) == ("0.0.0.0", 9200)
+    assert ctx.settings.max_queue == 4 and ctx.scheduler.max_queue == 4
+    assert ctx.settings.drafter == "ngram" and ctx.settings.depth is None
+    assert ctx.settings.api_key.get_secret_value() == "k"
+
+
+def test_generate_streams_to_stdout(monkeypatch, capsys):
+    engine = FakeEngine()
+    monkeypatch.setattr(serve_commands, "engine_factory", lambda *a: lambda: engine)
+    argv = ["generate", "m", "--prompt", "hi", "--max-tokens", "12", "--seed", "1"]
+    assert cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == engine.expected_text(engine.requests[-1]).strip()
+    assert "12 tokens" in err
+    assert bytes(engine.requests[-1].prompt_ids).decode() == "<|user|>hi\n<|assistant|>"
+    assert cli.main([*argv, "--raw", "--quiet"]) == 0
+    assert bytes(engine.requests[-1].prompt_ids) == b"hi"
+
+
+def test_generate_reports_bad_values(monkeypatch, capsys):
+    monkeypatch.setattr(serve_commands, "engine_factory", lambda *a: FakeEngine)
+    assert cli.main(["generate", "--prompt", "hi", "--temperature", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err
