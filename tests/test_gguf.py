@@ -47,8 +47,10 @@ def tiny_vocab() -> list[str]:
 def write_tiny_gguf(path: Path) -> dict[str, np.ndarray]:
     """A 2-layer llama GGUF; returns the HF-layout weights as the converter should give back.
 
-    Most tensors are f32; the embedding is Q8_0 and one down projection Q4_1, so the expected
-    values for those are the gguf package's own dequantization of what was written.
+    Most tensors are f32; the embedding is Q8_0, one down projection and one (rope-permuted)
+    q projection Q4_1, so the expected values for those are the gguf package's own
+    dequantization. Rows are quantized independently, so quantizing the HF-order rows gives
+    the expected values without un-permuting anything here.
     """
     rng = np.random.default_rng(0)
     vocab = tiny_vocab()
@@ -86,7 +88,7 @@ def write_tiny_gguf(path: Path) -> dict[str, np.ndarray]:
             return
         packed = gguf.quants.quantize(stored, qtype)
         writer.add_tensor(gguf_name, packed, raw_shape=packed.shape, raw_dtype=qtype)
-        hf[hf_name] = gguf.quants.dequantize(packed, qtype)  # no permutation on these
+        hf[hf_name] = gguf.quants.dequantize(gguf.quants.quantize(array, qtype), qtype)
 
     add("token_embd.weight", "model.embed_tokens.weight", rng.normal(size=(len(vocab), HIDDEN)),
         gguf.GGMLQuantizationType.Q8_0)  # fmt: skip
@@ -100,15 +102,17 @@ def write_tiny_gguf(path: Path) -> dict[str, np.ndarray]:
 
         add(b + "attn_norm.weight", p + "input_layernorm.weight", 1 + 0.1 * rng.normal(size=HIDDEN))
         add(b + "ffn_norm.weight", p + "post_attention_layernorm.weight", np.ones(HIDDEN))
-        add(b + "attn_q.weight", p + "self_attn.q_proj.weight", w(HIDDEN, HIDDEN), n_head=HEADS)
+        q4_1 = gguf.GGMLQuantizationType.Q4_1
+        add(b + "attn_q.weight", p + "self_attn.q_proj.weight", w(HIDDEN, HIDDEN),
+            q4_1 if i == 1 else None, n_head=HEADS)  # fmt: skip
         add(b + "attn_k.weight", p + "self_attn.k_proj.weight", w(KV_HEADS * HEAD_DIM, HIDDEN),
             n_head=KV_HEADS)  # fmt: skip
         add(b + "attn_v.weight", p + "self_attn.v_proj.weight", w(KV_HEADS * HEAD_DIM, HIDDEN))
         add(b + "attn_output.weight", p + "self_attn.o_proj.weight", w(HIDDEN, HIDDEN))
         add(b + "ffn_gate.weight", p + "mlp.gate_proj.weight", w(FFN, HIDDEN))
         add(b + "ffn_up.weight", p + "mlp.up_proj.weight", w(FFN, HIDDEN))
-        qtype = gguf.GGMLQuantizationType.Q4_1 if i == 0 else None
-        add(b + "ffn_down.weight", p + "mlp.down_proj.weight", w(HIDDEN, FFN), qtype)
+        add(b + "ffn_down.weight", p + "mlp.down_proj.weight", w(HIDDEN, FFN),
+            q4_1 if i == 0 else None)  # fmt: skip
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -174,6 +178,28 @@ def test_mlx_lm_loads_it_and_matches_the_source_weights(tiny) -> None:
     reference.load_weights([(k, mx.array(v)) for k, v in expected.items()])
     tokens = mx.array([[1, 40, 50, 60, len(tiny_vocab()) - 1, 2]])
     np.testing.assert_array_equal(np.array(model(tokens)), np.array(reference(tokens)))
+
+
+def test_keep_quantized_is_lossless(tiny, tmp_path: Path) -> None:
+    src, f32_dir, _ = tiny
+    dst = conv.convert_gguf(src, tmp_path / "q", dequantize=False)
+    config = json.loads((dst / "config.json").read_text())
+    assert config["quantization"] == {
+        "group_size": 32,
+        "bits": 4,
+        "mode": "affine",
+        "model.embed_tokens": {"group_size": 32, "bits": 8, "mode": "affine"},
+    }
+    stored = load_file(str(dst / "model.safetensors"))
+    assert stored["model.layers.1.self_attn.q_proj.weight"].dtype == np.uint32
+    assert stored["model.layers.0.self_attn.q_proj.weight"].dtype == np.float32
+    quantized, _ = load(str(dst))
+    full, _ = load(str(f32_dir))
+    tokens = mx.array([[1, 40, 50, 60, 7, 2]])
+    # Same weights exactly; only the matmul kernels (and their summation order) differ.
+    np.testing.assert_allclose(
+        np.array(quantized(tokens)), np.array(full(tokens)), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_tokenizer_keeps_special_tokens_whole_and_round_trips(tiny) -> None:

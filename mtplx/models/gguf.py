@@ -80,23 +80,27 @@ def unpermute_rope_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
 def convert_gguf(src: Path, dst: Path, *, dequantize: bool = True) -> Path:
     """Write an mlx-lm checkpoint for the llama GGUF ``src`` into ``dst``; return ``dst``.
 
+    ``dequantize=True`` writes every weight as float32. ``dequantize=False`` keeps Q4_0,
+    Q4_1 and Q8_0 tensors quantized as MLX affine (group 32), which is lossless (see
+    mtplx.models.gguf_quant); other types are still dequantized.
+
     The directory is written next to ``dst`` under a temporary name and renamed into place,
     so an interrupted conversion never leaves a half checkpoint at ``dst``; an existing
-    ``dst`` is replaced. Only ``dequantize=True`` (float32 output) is implemented: GGUF
-    block formats are not MLX's quantized layout, and a 135M model is small in f32.
+    ``dst`` is replaced.
     """
     import gguf  # deferred: only conversion needs it
 
-    if not dequantize:
-        raise NotImplementedError("only dequantize=True is supported: weights are written f32")
     src, dst = Path(src), Path(dst)
     reader = gguf.GGUFReader(str(src))
     meta = _read_metadata(reader)
     config = _llama_config(meta, {t.name for t in reader.tensors})
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
     try:
-        _write_weights(reader, config, tmp / "model.safetensors")
+        quantization = _write_weights(reader, config, tmp / "model.safetensors", dequantize)
+        if quantization:
+            config["quantization"] = quantization
         _write_tokenizer(meta, tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         generation = {
@@ -105,7 +109,8 @@ def convert_gguf(src: Path, dst: Path, *, dequantize: bool = True) -> Path:
         }
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
         (tmp / "mtplx_source.json").write_text(
-            json.dumps({"gguf": str(src), "size": src.stat().st_size, "dequantized": True}) + "\n"
+            json.dumps({"gguf": str(src), "size": src.stat().st_size, "dequantized": dequantize})
+            + "\n"
         )
         _replace_dir(tmp, dst)
     finally:
@@ -218,22 +223,54 @@ def _hf_name(gguf_name: str) -> str:
     return f"{_GLOBAL_NAMES[base]}.{suffix}"
 
 
-def _write_weights(reader: Any, config: dict[str, Any], path: Path) -> None:
-    """Dequantize every tensor to float32, un-permute q/k, save under HF names."""
-    from gguf import dequantize
+def _write_weights(
+    reader: Any, config: dict[str, Any], path: Path, dequantize: bool
+) -> dict[str, Any] | None:
+    """Save every tensor under its HF name with q/k rows un-permuted.
+
+    Returns mlx-lm's ``quantization`` config entry when tensors stayed quantized.
+    """
+    from gguf import dequantize as gguf_dequantize
     from safetensors.numpy import save_file
 
-    weights = {}
+    from mtplx.models.gguf_quant import GROUP_SIZE, MLX_BITS, to_mlx_affine
+
+    weights: dict[str, np.ndarray] = {}
+    bits_of: dict[str, int] = {}  # module path -> bits, for the quantized ones
     for tensor in reader.tensors:
-        # gguf returns row-major arrays shaped like PyTorch's (out, in): no transpose needed.
-        array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        array = array.reshape([int(d) for d in reversed(tensor.shape)])
+        name = _hf_name(tensor.name)
+        heads = None
         if ".attn_q." in tensor.name:
-            array = unpermute_rope_rows(array, config["num_attention_heads"])
+            heads = config["num_attention_heads"]
         elif ".attn_k." in tensor.name:
-            array = unpermute_rope_rows(array, config["num_key_value_heads"])
-        weights[_hf_name(tensor.name)] = np.ascontiguousarray(array)
+            heads = config["num_key_value_heads"]
+        rows = int(tensor.shape[-1]) if len(tensor.shape) == 2 else 0
+        packed = (
+            None if dequantize or not rows else to_mlx_affine(tensor.data, tensor.tensor_type, rows)
+        )
+        if packed is not None:
+            module = name.removesuffix(".weight")
+            # Rows are quantized independently, so permuting packed rows is exact.
+            for suffix, array in zip(("weight", "scales", "biases"), packed, strict=True):
+                weights[f"{module}.{suffix}"] = np.ascontiguousarray(
+                    unpermute_rope_rows(array, heads) if heads else array
+                )
+            bits_of[module] = MLX_BITS[tensor.tensor_type]
+            continue
+        # gguf returns row-major arrays shaped like PyTorch's (out, in): no transpose needed.
+        array = np.asarray(gguf_dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        array = array.reshape([int(d) for d in reversed(tensor.shape)])
+        weights[name] = np.ascontiguousarray(unpermute_rope_rows(array, heads) if heads else array)
     save_file(weights, str(path), metadata={"format": "mlx"})
+    if not bits_of:
+        return None
+    # The most common width is the default; modules of another width get their own entry.
+    default = max(set(bits_of.values()), key=list(bits_of.values()).count)
+    quantization: dict[str, Any] = {"group_size": GROUP_SIZE, "bits": default, "mode": "affine"}
+    for module, bits in sorted(bits_of.items()):
+        if bits != default:
+            quantization[module] = {"group_size": GROUP_SIZE, "bits": bits, "mode": "affine"}
+    return quantization
 
 
 def _write_tokenizer(meta: dict[str, Any], out: Path) -> None:
