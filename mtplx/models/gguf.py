@@ -1,8 +1,9 @@
 """Convert a llama-architecture GGUF file into an mlx-lm checkpoint directory.
 
 The output is what ``mlx_lm.load`` reads: ``config.json`` in Hugging Face llama form,
-``model.safetensors`` with HF tensor names in float32, and the tokenizer files (including the
-chat template) that ``transformers.AutoTokenizer`` loads.
+``model.safetensors`` with HF tensor names (float32, or lossless MLX 4/8-bit affine with
+``dequantize=False``), and the tokenizer files (including the chat template) that
+``transformers.AutoTokenizer`` loads.
 
 Weights are dequantized with the ``gguf`` package. llama.cpp's converter permutes the rows of
 ``attn_q``/``attn_k`` so that its rope pairs adjacent elements; MLX/HF pair element ``i`` with
