@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from mtplx import serve as serve_commands
 
@@ -34,7 +35,22 @@ def main(argv: list[str] | None = None) -> int:
         "12 unsupported, 2 error.",
     )
     inspect_parser.add_argument("model", help="checkpoint directory or hub repo id")
+    convert = commands.add_parser(
+        "convert-gguf", help="convert a llama GGUF file into an mlx-lm checkpoint directory"
+    )
+    convert.add_argument("src", type=Path, help="the .gguf file")
+    convert.add_argument("dst", type=Path, help="output directory (replaced if it exists)")
+    convert.add_argument(
+        "--keep-quantized",
+        action="store_true",
+        help="keep Q4_0/Q4_1/Q8_0 tensors as (lossless) MLX 4/8-bit affine instead of float32",
+    )
     args = parser.parse_args(argv)
+    if args.command == "convert-gguf":
+        from mtplx.models.gguf import convert_gguf  # deferred: gguf/transformers load slowly
+
+        print(convert_gguf(args.src, args.dst, dequantize=not args.keep_quantized))
+        return 0
     if args.command == "serve":
         return serve_commands.serve(args)
     if args.command == "generate":
