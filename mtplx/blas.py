@@ -69,7 +69,7 @@ _KNOWN_SYMBOLS = [
     "ssyevd_",
     "strtri_",
 ]
-_SHIM_VERSION = 1  # bump when the generated source changes, to invalidate cached shims
+_SHIM_VERSION = 2  # bump when the generated source changes, to invalidate cached shims
 
 
 @dataclass(frozen=True)
@@ -278,6 +278,16 @@ def _cache_dir() -> Path:
     return (Path(home) if home else Path.home() / ".cache" / "mtplx") / "blas"
 
 
+# Decoding's products have few rows (the tokens of one forward); up to this many rows
+# cblas_sgemm runs the batch-invariant kernel of blas_invariant.c, beyond it OpenBLAS.
+INVARIANT_MAX_ROWS = 16
+_INVARIANT_SOURCE = Path(__file__).with_name("blas_invariant.c")
+
+
+def _invariant_enabled() -> bool:
+    return os.environ.get("MTPLX_BLAS_INVARIANT", "1").strip().lower() not in ("0", "off", "no")
+
+
 def _shim_source(symbols: tuple[str, ...]) -> str:
     machine = platform.machine()
     lines = [
@@ -285,7 +295,29 @@ def _shim_source(symbols: tuple[str, ...]) -> str:
         '__attribute__((visibility("hidden"))) volatile unsigned long mtplx_calls = 0;',
         "unsigned long mtplx_blas_shim_calls(void) { return mtplx_calls; }",
     ]
+    invariant = _invariant_enabled() and "cblas_sgemm" in symbols
+    if invariant:
+        # Few-row products take the batch-invariant kernel so that a token's logits do not
+        # depend on how many tokens share its forward (see blas_invariant.c).
+        lines += [
+            _INVARIANT_SOURCE.read_text(),
+            f"void {_PREFIX}cblas_sgemm(int, int, int, int, int, int, float, const float *, int,",
+            "    const float *, int, float, float *, int);",
+            "void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha,",
+            "    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {",
+            "    __atomic_add_fetch(&mtplx_calls, 1, __ATOMIC_RELAXED);",
+            "    int rows = order == 101 ? M : N; /* CblasRowMajor = 101 */",
+            f"    if (rows <= {INVARIANT_MAX_ROWS}) {{",
+            "        mtplx_sgemm_rows(order == 101, ta != 111, tb != 111, M, N, K, alpha, A, lda,",
+            "                         B, ldb, beta, C, ldc);",
+            "        return;",
+            "    }",
+            f"    {_PREFIX}cblas_sgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);",
+            "}",
+        ]
     for s in symbols:
+        if invariant and s == "cblas_sgemm":
+            continue
         if machine == "x86_64":
             # Counting costs one locked add per BLAS call, negligible next to a GEMM.
             body = f"lock incq mtplx_calls(%rip)\\n jmp {_PREFIX}{s}@PLT"
@@ -322,7 +354,8 @@ def _build_shim(symbols: tuple[str, ...], openblas: Path) -> Path:
             compiler,
             "-shared",
             "-fPIC",
-            "-O2",
+            "-O3",
+            "-march=native",
             "-o",
             str(out),
             str(src),

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from mlx_lm.models import llama
 
-from mtplx.blas import blas_info, enable_fast_blas, shim_calls
+from mtplx.blas import INVARIANT_MAX_ROWS, blas_info, enable_fast_blas, shim_calls
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_PATH_EXPECTED = (
@@ -154,3 +154,63 @@ def test_missing_compiler_falls_back_with_a_warning(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
     assert "no C compiler (no-such-compiler)" in done.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch invariance: a token's numbers do not depend on how many tokens share the forward
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "inner, outer", [(64, 259), (576, 192), (576, 1536), (1536, 576), (100, 49), (17, 300)]
+)
+@pytest.mark.parametrize("transpose_weight", [True, False])
+def test_few_row_matmul_rows_do_not_depend_on_row_count(
+    inner: int, outer: int, transpose_weight: bool
+) -> None:
+    """Row 0 of x[:M] @ W is bitwise the same for every M up to the invariant limit, for
+    x @ W.T (linear layers) and x @ W (attention's scores @ values) alike."""
+    rng = np.random.default_rng(inner + outer)
+    x = mx.array(rng.standard_normal((INVARIANT_MAX_ROWS, inner)).astype(np.float32))
+    w = mx.array(rng.standard_normal((outer, inner)).astype(np.float32))
+    weight = w.T if transpose_weight else mx.array(np.array(w).T.copy())
+    rows = [np.array(x[:m] @ weight) for m in range(1, INVARIANT_MAX_ROWS + 1)]
+    for m, product in enumerate(rows, start=1):
+        np.testing.assert_array_equal(product, rows[-1][:m], err_msg=f"{m} rows")
+
+
+def test_trailing_zero_terms_do_not_change_a_dot_product() -> None:
+    """Masked attention keys contribute exact zeros after the live ones; they must not
+    change the sum (plain decoding sees L keys, a verify row L + k with k masked)."""
+    rng = np.random.default_rng(3)
+    scores = rng.random((1, 37)).astype(np.float32)
+    values = rng.standard_normal((45, 64)).astype(np.float32)
+    padded = np.concatenate([scores, np.zeros((1, 8), np.float32)], axis=1)
+    short = np.array(mx.array(scores) @ mx.array(values[:37]))
+    long = np.array(mx.array(padded) @ mx.array(values))
+    np.testing.assert_array_equal(short, long)
+
+
+def test_multi_token_forward_equals_one_token_forwards_bitwise() -> None:
+    """The whole model: logits of 6 tokens in one forward equal 6 one-token forwards."""
+    mx.random.seed(0)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=300,
+    )
+    model = llama.Model(args)
+    tokens = mx.array([[5, 17, 200, 42, 7, 99, 100, 3, 250, 11]])
+    from mlx_lm.models.cache import make_prompt_cache
+
+    one_cache, multi_cache = make_prompt_cache(model), make_prompt_cache(model)
+    model(tokens[:, :4], cache=one_cache)
+    model(tokens[:, :4], cache=multi_cache)
+    one = mx.concatenate([model(tokens[:, i : i + 1], cache=one_cache) for i in range(4, 10)], 1)
+    multi = model(tokens[:, 4:10], cache=multi_cache)
+    np.testing.assert_array_equal(np.array(one), np.array(multi))
