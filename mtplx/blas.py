@@ -304,7 +304,8 @@ def _shim_source(symbols: tuple[str, ...]) -> str:
             f"void {_PREFIX}cblas_sgemm(int, int, int, int, int, int, float, const float *, int,",
             "    const float *, int, float, float *, int);",
             "void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha,",
-            "    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {",
+            "    const float *A, int lda, const float *B, int ldb, float beta, float *C,",
+            "    int ldc) {",
             "    __atomic_add_fetch(&mtplx_calls, 1, __ATOMIC_RELAXED);",
             "    int rows = order == 101 ? M : N; /* CblasRowMajor = 101 */",
             f"    if (rows <= {INVARIANT_MAX_ROWS}) {{",
@@ -312,7 +313,8 @@ def _shim_source(symbols: tuple[str, ...]) -> str:
             "                         B, ldb, beta, C, ldc);",
             "        return;",
             "    }",
-            f"    {_PREFIX}cblas_sgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);",
+            f"    {_PREFIX}cblas_sgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C,",
+            "                         ldc);",
             "}",
         ]
     for s in symbols:
