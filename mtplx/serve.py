@@ -263,6 +263,12 @@ def _prompt_ids(tokenizer: Any, args: argparse.Namespace) -> list[int]:
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
+    if isinstance(ids, str):  # a template wrapper that ignores tokenize=True
+        return list(tokenizer.encode(ids, add_special_tokens=False))
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    if ids and isinstance(ids[0], list):  # batched
+        ids = ids[0]
     return [int(t) for t in ids]
 
 

@@ -157,3 +157,12 @@ def test_health_blas_comes_from_mtplx_blas():
         "fast": info.fast,
         "fallback_reason": info.fallback_reason,
     }
+
+
+def test_generate_on_a_real_checkpoint(llama_mtp_checkpoint, capsys):
+    argv = ["generate", str(llama_mtp_checkpoint), "--prompt", "hi", "--max-tokens", "6"]
+    assert cli.main([*argv, "--draft-layers", "1", "--drafter", "draft_model"]) == 0
+    out, err = capsys.readouterr()
+    assert out.endswith("\n") and "cycles" in err
+    assert cli.main([*argv, "--drafter", "draft_model"]) == 2
+    assert "--draft-layers" in capsys.readouterr().err
