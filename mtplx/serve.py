@@ -18,10 +18,12 @@ from mtplx.request import DRAFTER_NAMES, MAX_DEPTH
 __all__ = [
     "add_generate_parser",
     "add_serve_parser",
+    "check_drafter_options",
     "describe_blas",
     "engine_factory",
     "generate",
     "resolve_model",
+    "run_server",
     "serve",
 ]
 
@@ -40,12 +42,29 @@ def _depth(value: str) -> int | None:
     return depth
 
 
+def _positive(value: str) -> int:
+    """A positive integer argument."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {number}")
+    return number
+
+
 def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     """The ``serve`` subcommand. Options left out fall back to env, config file, defaults."""
     p = commands.add_parser("serve", help="start the OpenAI-compatible server")
     p.add_argument("model", nargs="?", help="checkpoint path or id (default: shipped model)")
     p.add_argument("--drafter", choices=DRAFTER_NAMES, help="default drafter")
     p.add_argument("--depth", type=_depth, help="draft tokens per cycle, or 'adaptive'")
+    p.add_argument(
+        "--draft-layers",
+        type=_positive,
+        metavar="N",
+        help="self-draft with the first N target layers (enables drafter draft_model)",
+    )
     p.add_argument("--host", help="bind address (non-loopback requires an API key)")
     p.add_argument("--port", type=int)
     p.add_argument("--config", metavar="FILE", help="YAML settings (see configs/)")
@@ -71,6 +90,7 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--drafter", choices=DRAFTER_NAMES, default="mtp")
     p.add_argument("--depth", type=_depth, default=None)
+    p.add_argument("--draft-layers", type=_positive, metavar="N")
     p.add_argument("--quiet", action="store_true", help="no statistics on stderr")
     return p
 
@@ -92,39 +112,72 @@ def resolve_model(model: str | None) -> str:
     return model or str(_default_model_function()())
 
 
-def engine_factory(model: str | None, drafter: str, depth: int | None) -> Callable[[], Any]:
+def check_drafter_options(drafter: str, draft_layers: int | None) -> str | None:
+    """What is wrong with the drafter options before any model is loaded, or None."""
+    if drafter == "draft_model" and draft_layers is None:
+        return (
+            "--drafter draft_model needs a draft model: pass --draft-layers N to draft with "
+            "the first N layers of the target"
+        )
+    return None
+
+
+def _check_drafter_available(
+    drafter: str, model: str, has_mtp: bool, has_draft_model: bool
+) -> None:
+    """Raise a ValueError that says what to pass instead when ``drafter`` cannot run."""
+    available = ["none", "ngram"] + ["mtp"] * has_mtp + ["draft_model"] * has_draft_model
+    if drafter in available:
+        return
+    reason = {
+        "mtp": "the checkpoint has no MTP heads",
+        "draft_model": "no draft model was given (--draft-layers N)",
+    }[drafter]
+    raise ValueError(
+        f"--drafter {drafter} is not available for {model}: {reason}; available drafters: "
+        f"{', '.join(available)} (pass --drafter, or --draft-layers N for draft_model)"
+    )
+
+
+def engine_factory(
+    model: str | None, drafter: str, depth: int | None, draft_layers: int | None = None
+) -> Callable[[], Any]:
     """A callable that loads the checkpoint and builds the engine. The scheduler runs it on
     its engine thread, so MLX arrays are created on the thread that uses them, and the
-    server answers /health (503) while it runs."""
+    server answers /health (503) while it runs.
+
+    ``draft_layers`` N adds a layer-skip self-draft (the target's first N layers) as the
+    ``draft_model`` drafter. A ``drafter`` the loaded model cannot use is a ValueError that
+    names the available ones."""
     if not model:
         _default_model_function()  # a missing default fails now, not after the server is up
 
     def build() -> Any:
         from mtplx.engine import Engine
-        from mtplx.models import load
+        from mtplx.models import load, make_layer_skip_draft
 
-        return Engine(load(resolve_model(model)), default_drafter=drafter, default_depth=depth)
+        path = resolve_model(model)
+        loaded = load(path)
+        draft = make_layer_skip_draft(loaded, draft_layers) if draft_layers else None
+        _check_drafter_available(drafter, path, bool(loaded.mtp_heads), draft is not None)
+        return Engine(loaded, default_drafter=drafter, default_depth=depth, draft_model=draft)
 
     return build
 
 
-def describe_blas() -> Mapping[str, Any] | str:
-    """What /health reports as BLAS: the MLX CPU BLAS shim's own description when present,
-    else NumPy's BLAS as a hint."""
-    try:
-        from mtplx import blas  # type: ignore[attr-defined]
+def describe_blas() -> Mapping[str, Any]:
+    """What /health reports as BLAS: the library MLX's CPU backend calls (``mtplx.blas``),
+    its thread count, whether it is the fast one, and why not when it is not."""
+    from mtplx.blas import blas_info
 
-        return blas.describe()
-    except (ImportError, AttributeError):
-        pass
-    try:
-        import numpy as np
-
-        config = np.show_config(mode="dicts")
-        info = config.get("Build Dependencies", {}).get("blas", {})
-        return {"numpy_blas": info.get("name", "unknown"), "version": info.get("version")}
-    except Exception:  # an informational probe never fails /health
-        return "unknown"
+    info = blas_info()
+    return {
+        "name": info.name,
+        "library": info.library,
+        "threads": info.threads,
+        "fast": info.fast,
+        "fallback_reason": info.fallback_reason,
+    }
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -137,6 +190,7 @@ def serve(args: argparse.Namespace) -> int:
         "model": args.model,
         "drafter": args.drafter,
         "depth": args.depth,
+        "draft_layers": args.draft_layers,
         "host": args.host,
         "port": args.port,
         "api_key": args.api_key,
@@ -157,23 +211,47 @@ def serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    problem = check_drafter_options(settings.drafter, settings.draft_layers)
+    if problem:
+        print(f"mtplx serve: {problem}", file=sys.stderr)
+        return 2
 
     import logging
-
-    import uvicorn
 
     from mtplx.scheduler import Scheduler
     from server.app import create_app
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     scheduler = Scheduler(
-        engine_factory(settings.model, settings.drafter, settings.depth),
+        engine_factory(settings.model, settings.drafter, settings.depth, settings.draft_layers),
         max_queue=settings.max_queue,
         request_timeout=settings.request_timeout,
     )
     app = create_app(scheduler, settings, blas_info=describe_blas)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    error = run_server(app, scheduler, settings.host, settings.port, settings.log_level)
+    if error is not None:
+        print(f"mtplx serve: the model failed to load: {error}", file=sys.stderr)
+        return 1
     return 0
+
+
+def run_server(app: Any, scheduler: Any, host: str, port: int, log_level: str) -> Any:
+    """Serve ``app`` with uvicorn until interrupted. The model loads on the engine thread
+    while /health answers 503; if loading fails (bad path, a drafter the checkpoint cannot
+    use) the server shuts down and the load error is returned, else None."""
+    import threading
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+
+    def stop_if_load_fails() -> None:
+        if not scheduler.wait_ready() and scheduler.state == "failed":
+            server.should_exit = True
+
+    threading.Thread(target=stop_if_load_fails, name="mtplx-load-watch", daemon=True).start()
+    server.run()
+    return scheduler.load_error  # stays None unless loading failed
 
 
 def _prompt_ids(tokenizer: Any, args: argparse.Namespace) -> list[int]:
@@ -185,6 +263,12 @@ def _prompt_ids(tokenizer: Any, args: argparse.Namespace) -> list[int]:
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
+    if isinstance(ids, str):  # a template wrapper that ignores tokenize=True
+        return list(tokenizer.encode(ids, add_special_tokens=False))
+    if hasattr(ids, "tolist"):
+        ids = ids.tolist()
+    if ids and isinstance(ids[0], list):  # batched
+        ids = ids[0]
     return [int(t) for t in ids]
 
 
@@ -193,7 +277,15 @@ def generate(args: argparse.Namespace) -> int:
     from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
     from mtplx.sampling import SamplerConfig
 
-    engine = engine_factory(args.model, args.drafter, args.depth)()
+    problem = check_drafter_options(args.drafter, args.draft_layers)
+    if problem:
+        print(f"mtplx generate: {problem}", file=sys.stderr)
+        return 2
+    try:
+        engine = engine_factory(args.model, args.drafter, args.depth, args.draft_layers)()
+    except ValueError as exc:
+        print(f"mtplx generate: {exc}", file=sys.stderr)
+        return 2
     try:
         request = GenerationRequest(
             prompt_ids=_prompt_ids(engine.tokenizer, args),
@@ -211,10 +303,11 @@ def generate(args: argparse.Namespace) -> int:
     events = engine.generate(request)
     try:
         for event in events:
-            if isinstance(event, TokenEvent):
+            if isinstance(event, TokenEvent | FinishEvent):
+                # A FinishEvent carries the tail the detokenizer held back.
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
-            elif isinstance(event, FinishEvent) and not args.quiet:
+            if isinstance(event, FinishEvent) and not args.quiet:
                 s = event.stats
                 print(
                     f"\n[{event.finish_reason}] {s.completion_tokens} tokens, "

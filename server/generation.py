@@ -102,6 +102,7 @@ async def collect(
                 result.text += event.text
                 result.tokens.append(event)
             elif isinstance(event, FinishEvent):
+                result.text += event.text  # the tail the detokenizer held back
                 result.finish_reason = event.finish_reason
                 result.stats = event.stats
     return results
@@ -134,7 +135,8 @@ async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 
 def speculative_summary(stats: Sequence[GenerationStats]) -> dict[str, Any]:
-    """The ``"mtplx"`` block: speculative counters summed over choices."""
+    """The ``"mtplx"`` block: speculative counters and engine seconds (prefill, draft,
+    verify) summed over choices."""
     drafts = sum(s.num_drafts for s in stats)
     accepted = sum(s.num_accepted_tokens for s in stats)
     drafted = sum(s.num_draft_tokens for s in stats)
@@ -153,10 +155,15 @@ def speculative_summary(stats: Sequence[GenerationStats]) -> dict[str, Any]:
         "drafts": drafts,
         "drafted": drafted,
         "accepted": accepted,
+        "recovered": sum(s.num_recovered for s in stats),
+        "bonus": sum(s.num_bonus for s in stats),
         "accepted_per_position": per_position,
         "drafted_per_position": drafted_per_position,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_acceptance_length": (accepted + drafts) / drafts if drafts else 1.0,
+        "prefill_s": round(sum(s.prefill_time for s in stats), 6),
+        "draft_s": round(sum(s.draft_time for s in stats), 6),
+        "verify_s": round(sum(s.verify_time for s in stats), 6),
     }
 
 

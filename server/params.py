@@ -77,14 +77,21 @@ def _message_text(message: ChatMessage, index: int) -> str:
     return "\n".join(texts)
 
 
-def _as_token_ids(value: Any) -> list[int]:
-    """apply_chat_template returns ids, or (transformers 5) a mapping with input_ids."""
+def _as_token_ids(tokenizer: Any, value: Any) -> list[int]:
+    """What ``apply_chat_template(..., tokenize=True)`` returned, as token ids. Depending on
+    the tokenizer and its version that is a list of ids, a batched list, an array, a
+    mapping with ``input_ids`` (transformers 5's BatchEncoding), or the rendered text (a
+    template wrapper that ignores ``tokenize``): that is encoded without adding special
+    tokens again, since the template already wrote them."""
     if isinstance(value, Mapping):
         value = value["input_ids"]
+    if isinstance(value, str):
+        return [int(t) for t in tokenizer.encode(value, add_special_tokens=False)]
     if hasattr(value, "tolist"):
         value = value.tolist()
-    if value and isinstance(value[0], list):  # batched
-        value = value[0]
+    value = list(value)
+    if value and not isinstance(value[0], int) and hasattr(value[0], "__len__"):  # batched
+        value = list(value[0])
     return [int(t) for t in value]
 
 
@@ -99,7 +106,7 @@ def chat_prompt(tokenizer: Any, messages: Sequence[ChatMessage]) -> Prompt:
         ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
     except (ValueError, TypeError, KeyError) as exc:  # no template, or one rejecting the roles
         raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
-    return Prompt(_as_token_ids(ids), "")
+    return Prompt(_as_token_ids(tokenizer, ids), "")
 
 
 def completion_prompts(tokenizer: Any, prompt: str | list[Any]) -> list[Prompt]:

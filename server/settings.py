@@ -33,6 +33,9 @@ class ServerSettings(BaseSettings):
     depth: int | None = Field(
         None, ge=0, le=16, description="draft tokens per cycle; None=adaptive"
     )
+    draft_layers: int | None = Field(
+        None, ge=1, description="layer-skip self-draft: the first N target layers (draft_model)"
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_key: SecretStr | None = None

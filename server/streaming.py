@@ -34,6 +34,11 @@ class ChunkFormatter(Protocol):
         """A chunk carrying one token's text (and logprobs when asked)."""
         ...
 
+    def tail(self, index: int, text: str) -> dict[str, Any]:
+        """A chunk carrying text that belongs to no single token: the tail the detokenizer
+        (or a possible stop-string prefix) held back until the choice ended."""
+        ...
+
     def finish(self, index: int, reason: str) -> dict[str, Any]:
         """The last chunk of a choice, carrying finish_reason."""
         ...
@@ -79,6 +84,8 @@ async def stream_chunks(
                         yield _data(formatter.token(index, event))
                 elif isinstance(event, FinishEvent):
                     stats.append(event.stats)
+                    if event.text:
+                        yield _data(formatter.tail(index, event.text))
                     yield _data(formatter.finish(index, event.finish_reason))
         except SchedulerError as exc:
             yield _data(error_for(exc).body())

@@ -154,7 +154,7 @@ class FakeEngine:
             self.log.append(("start", label))
         try:
             tokens, reason = self.plan(request)
-            decoder = codecs.getincrementaldecoder("utf-8")()
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             stats = GenerationStats(prompt_tokens=len(request.prompt_ids))
             depth = DRAFTS_PER_CYCLE
             stats.drafted_per_position = [0] * depth
@@ -192,7 +192,10 @@ class FakeEngine:
                 )
             with self._lock:
                 self.log.append(("finished", label))
-            yield FinishEvent(finish_reason=reason, stats=stats)  # type: ignore[arg-type]
+            # Like the engine's detokenizer: bytes of a character cut short by the end of
+            # the generation come out at the finish, as U+FFFD.
+            tail = decoder.decode(b"", final=True)
+            yield FinishEvent(finish_reason=reason, stats=stats, text=tail)  # type: ignore[arg-type]
         except GeneratorExit:
             with self._lock:
                 self.log.append(("closed", label))
@@ -204,5 +207,5 @@ class FakeEngine:
     def expected_text(self, request: GenerationRequest) -> str:
         """The full text ``generate`` produces for ``request`` (for assertions)."""
         tokens, _ = self.plan(request)
-        # Like the streamed events: a trailing incomplete character is never emitted.
-        return codecs.getincrementaldecoder("utf-8")().decode(bytes(tokens))
+        # The token events' text plus the finish event's tail (U+FFFD for a cut character).
+        return bytes(tokens).decode("utf-8", errors="replace")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
+from mtplx.request import FinishEvent, GenerationRequest
 from mtplx.sampling import SamplerConfig
 from mtplx.scheduler import (
     EngineNotReady,
@@ -47,9 +47,8 @@ async def _collect(ticket) -> tuple[str, str]:
     text, reason = "", ""
     async with ticket:
         async for _, event in ticket:
-            if isinstance(event, TokenEvent):
-                text += event.text
-            else:
+            text += event.text  # token pieces, then the finish event's held-back tail
+            if isinstance(event, FinishEvent):
                 reason = event.finish_reason
     return text, reason
 

@@ -19,8 +19,8 @@ def fake_engine_modules(monkeypatch):
     calls = {}
 
     class Engine(FakeEngine):
-        def __init__(self, loaded, default_drafter="mtp", default_depth=None):
-            calls["engine"] = (loaded, default_drafter, default_depth)
+        def __init__(self, loaded, default_drafter="mtp", default_depth=None, draft_model=None):
+            calls["engine"] = (loaded.path, default_drafter, default_depth)
             super().__init__(default_drafter=default_drafter, default_depth=default_depth)
 
     engine_module = types.ModuleType("mtplx.engine")
@@ -28,7 +28,10 @@ def fake_engine_modules(monkeypatch):
     monkeypatch.setitem(sys.modules, "mtplx.engine", engine_module)
     import mtplx.models
 
-    monkeypatch.setattr(mtplx.models, "load", lambda path: f"loaded:{path}", raising=False)
+    def load(path):
+        return types.SimpleNamespace(path=f"loaded:{path}", mtp_heads=["head"])
+
+    monkeypatch.setattr(mtplx.models, "load", load, raising=False)
     return calls
 
 
@@ -80,12 +83,10 @@ def test_serve_runs_uvicorn_with_merged_settings(tmp_path, monkeypatch, fake_eng
     monkeypatch.setenv("MTPLX_MAX_QUEUE", "4")
     seen = {}
 
-    def fake_run(app, host, port, log_level):
+    def fake_run(app, scheduler, host, port, log_level):
         seen.update(app=app, host=host, port=port)
 
-    import uvicorn
-
-    monkeypatch.setattr(uvicorn, "run", fake_run)
+    monkeypatch.setattr(serve_commands, "run_server", fake_run)
     argv = ["serve", "/ckpt", "--config", str(config), "--depth", "adaptive", "--port", "9200"]
     assert cli.main([*argv, "--host", "0.0.0.0", "--api-key", "k"]) == 0
     ctx = seen["app"].state.ctx
@@ -112,3 +113,56 @@ def test_generate_reports_bad_values(monkeypatch, capsys):
     monkeypatch.setattr(serve_commands, "engine_factory", lambda *a: FakeEngine)
     assert cli.main(["generate", "--prompt", "hi", "--temperature", "-1"]) == 2
     assert "temperature" in capsys.readouterr().err
+
+
+def test_draft_model_without_draft_layers_is_refused(capsys):
+    assert cli.main(["serve", "m", "--drafter", "draft_model"]) == 2
+    assert "--draft-layers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_bad_draft_layers_is_an_argument_error(value, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "m", "--draft-layers", value])
+    assert "positive integer" in capsys.readouterr().err
+
+
+def test_draft_layers_adds_a_layer_skip_draft_model(llama_mtp_checkpoint):
+    engine = serve_commands.engine_factory(str(llama_mtp_checkpoint), "draft_model", 2, 1)()
+    assert "draft_model" in engine.available_drafters
+    assert engine.default_drafter == "draft_model" and engine.default_depth == 2
+
+
+def test_unavailable_drafter_stops_the_server_with_a_clear_error(
+    llama_no_mtp_checkpoint, capsys, monkeypatch
+):
+    for name in ("MTPLX_API_KEY", "MTPLX_HOST", "MTPLX_PORT", "MTPLX_DRAFTER"):
+        monkeypatch.delenv(name, raising=False)
+    argv = ["serve", str(llama_no_mtp_checkpoint), "--port", "0", "--log-level", "error"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--drafter mtp is not available" in err and "no MTP heads" in err
+    assert "available drafters: none, ngram" in err
+
+
+def test_health_blas_comes_from_mtplx_blas():
+    from mtplx.blas import blas_info
+
+    described = serve_commands.describe_blas()
+    info = blas_info()
+    assert described == {
+        "name": info.name,
+        "library": info.library,
+        "threads": info.threads,
+        "fast": info.fast,
+        "fallback_reason": info.fallback_reason,
+    }
+
+
+def test_generate_on_a_real_checkpoint(llama_mtp_checkpoint, capsys):
+    argv = ["generate", str(llama_mtp_checkpoint), "--prompt", "hi", "--max-tokens", "6"]
+    assert cli.main([*argv, "--draft-layers", "1", "--drafter", "draft_model"]) == 0
+    out, err = capsys.readouterr()
+    assert out.endswith("\n") and "cycles" in err
+    assert cli.main([*argv, "--drafter", "draft_model"]) == 2
+    assert "--draft-layers" in capsys.readouterr().err

@@ -51,6 +51,9 @@ class ChatChunks:
         logprobs = chat_logprobs(self.token_text, [event]) if self.wants_logprobs else None
         return self._chunk(index, {"content": event.text}, logprobs=logprobs)
 
+    def tail(self, index: int, text: str) -> dict[str, Any]:
+        return self._chunk(index, {"content": text})
+
     def finish(self, index: int, reason: str) -> dict[str, Any]:
         return self._chunk(index, {}, finish_reason=reason)
 

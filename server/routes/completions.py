@@ -69,6 +69,10 @@ class CompletionChunks:
         )
         return self._chunk(index, event.text, logprobs=logprobs)
 
+    def tail(self, index: int, text: str) -> dict[str, Any]:
+        self._offsets[index] = self._offsets.get(index, 0) + len(text)
+        return self._chunk(index, text)
+
     def finish(self, index: int, reason: str) -> dict[str, Any]:
         return self._chunk(index, "", finish_reason=reason)
 

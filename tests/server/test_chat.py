@@ -194,3 +194,31 @@ async def test_model_may_be_the_served_name(make_app):
             "/v1/chat/completions", json={**chat_body(max_tokens=1), "model": "my-model"}
         )
         assert r.status_code == 200 and r.json()["model"] == "my-model"
+
+
+@pytest.mark.parametrize(
+    "shape", ["list", "batched", "mapping", "batched-mapping", "array", "text"]
+)
+def test_chat_template_result_shapes(shape):
+    # apply_chat_template returns ids, a batch, a BatchEncoding-like mapping, an array or
+    # (a wrapper that ignores tokenize=True) the rendered text.
+    import numpy as np
+
+    from server.params import chat_prompt
+    from server.schemas import ChatMessage
+    from tests.fake_engine import FakeTokenizer
+
+    class Tokenizer(FakeTokenizer):
+        def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, **kw):
+            ids = super().apply_chat_template(messages, add_generation_prompt, tokenize=True)
+            return {
+                "list": ids,
+                "batched": [ids],
+                "mapping": {"input_ids": ids, "attention_mask": [1] * len(ids)},
+                "batched-mapping": {"input_ids": np.array([ids])},
+                "array": np.array(ids),
+                "text": bytes(ids).decode(),
+            }[shape]
+
+    prompt = chat_prompt(Tokenizer(), [ChatMessage(role="user", content="hé")])
+    assert prompt.token_ids == list("<|user|>hé\n<|assistant|>".encode())

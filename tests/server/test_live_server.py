@@ -1,10 +1,12 @@
-"""A real uvicorn server in a subprocess (tests/server/fake_server.py), driven by the
-official ``openai`` SDK and by raw httpx SSE parsing."""
+"""``python -m mtplx serve`` in a subprocess, on a tiny real checkpoint (llama + MTP head,
+untied LM head, a 1-layer layer-skip draft model), driven by the official ``openai`` SDK
+and by raw httpx SSE parsing over TCP."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,36 +17,48 @@ import httpx
 import openai
 import pytest
 
+from server.settings import ServerSettings
+
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = "fake-model"
+MODEL = "tiny"
 API_KEY = "test-key"
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+NO_EOS = {"extra_body": {"ignore_eos": True}}  # exact token counts: the model may emit EOS
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
-def base_url() -> Iterator[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("MTPLX_API_KEY", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.server.fake_server", "--token-delay", "0.002",
-         "--api-key", API_KEY],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+def base_url(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # Server settings come from the command line only (MTPLX_HOME, MTPLX_BLAS stay).
+    settings = {f"MTPLX_{name.upper()}" for name in ServerSettings.model_fields}
+    env = {k: v for k, v in os.environ.items() if k.upper() not in settings}
+    env["PYTHONPATH"] = str(ROOT)
+    port = _free_port()
+    log = tmp_path_factory.mktemp("live") / "server.log"
+    command = [
+        sys.executable, "-m", "mtplx", "serve", str(tiny_checkpoint), "--port", str(port),
+        "--drafter", "mtp", "--draft-layers", "1", "--served-model-name", MODEL,
+        "--api-key", API_KEY, "--log-level", "warning",
+    ]  # fmt: skip
+    with log.open("w") as output:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)
+    url = f"http://127.0.0.1:{port}"
     try:
-        line = process.stdout.readline()
-        assert line.startswith("PORT "), f"launcher said {line!r}"
-        url = f"http://127.0.0.1:{int(line.split()[1])}"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while True:
+            assert process.poll() is None, f"server exited: {log.read_text()[-2000:]}"
             try:
                 if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
-            assert time.monotonic() < deadline, "server did not become healthy"
-            time.sleep(0.05)
+            assert time.monotonic() < deadline, f"not healthy: {log.read_text()[-2000:]}"
+            time.sleep(0.1)
         yield url
     finally:
         process.terminate()
@@ -56,27 +70,39 @@ def base_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def sdk(base_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=API_KEY, max_retries=0, timeout=30)
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
 
 
 def _chat(**kwargs):
     return {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], **kwargs}
 
 
+def test_health_reports_the_real_engine(base_url):
+    health = httpx.get(f"{base_url}/health").json()
+    assert health["status"] == "ok" and health["model"] == MODEL
+    assert health["drafter"] == "mtp" and health["depth"] == "adaptive"
+    assert set(health["available_drafters"]) == {"none", "ngram", "mtp", "draft_model"}
+    assert {"name", "threads", "fast", "fallback_reason"} <= set(health["blas"])
+
+
 def test_chat_non_streaming(sdk):
-    reply = sdk.chat.completions.create(**_chat(max_tokens=12, seed=1))
+    reply = sdk.chat.completions.create(**_chat(max_tokens=12, seed=1), **NO_EOS)
     assert reply.object == "chat.completion"
     assert reply.choices[0].message.role == "assistant"
     assert reply.choices[0].message.content
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage.completion_tokens == 12
-    assert reply.model_extra["mtplx"]["drafts"] == 3
+    stats = reply.model_extra["mtplx"]
+    assert stats["cycles"] >= 1 and stats["accepted"] <= stats["drafted"]
 
 
 def test_chat_streaming_matches_non_streaming(sdk):
-    whole = sdk.chat.completions.create(**_chat(max_tokens=30, seed=4))
+    whole = sdk.chat.completions.create(**_chat(max_tokens=30, seed=4), **NO_EOS)
     stream = sdk.chat.completions.create(
-        **_chat(max_tokens=30, seed=4), stream=True, stream_options={"include_usage": True}
+        **_chat(max_tokens=30, seed=4),
+        stream=True,
+        stream_options={"include_usage": True},
+        **NO_EOS,
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -84,33 +110,49 @@ def test_chat_streaming_matches_non_streaming(sdk):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c for c in chunks if c.choices][-1].choices[0].finish_reason == "length"
     assert chunks[-1].usage.completion_tokens == 30
+    assert chunks[-1].model_extra["mtplx"]["cycles"] >= 1
 
 
 def test_completions_streaming_and_not(sdk):
-    whole = sdk.completions.create(model=MODEL, prompt="Once upon", max_tokens=20, seed=2)
+    args = {"model": MODEL, "prompt": "Once upon", "max_tokens": 20, "seed": 2, **NO_EOS}
+    whole = sdk.completions.create(**args)
     assert whole.object == "text_completion" and whole.usage.completion_tokens == 20
-    stream = sdk.completions.create(
-        model=MODEL, prompt="Once upon", max_tokens=20, seed=2, stream=True
-    )
-    text = "".join(c.choices[0].text for c in stream)
+    text = "".join(c.choices[0].text for c in sdk.completions.create(**args, stream=True))
     assert text == whole.choices[0].text
+
+
+def test_greedy_is_the_same_for_every_drafter(sdk):
+    def text(**mtplx):
+        extra = {"ignore_eos": True, "mtplx": mtplx} if mtplx else {"ignore_eos": True}
+        reply = sdk.chat.completions.create(**_chat(max_tokens=24, temperature=0), extra_body=extra)
+        return reply.choices[0].message.content
+
+    plain = text(drafter="none")
+    assert text() == plain  # the server's default: MTP, adaptive depth
+    assert text(drafter="draft_model", depth=3) == plain
+    assert text(drafter="ngram", depth=2) == plain
 
 
 def test_n2_and_logprobs(sdk):
     reply = sdk.chat.completions.create(
-        **_chat(max_tokens=5, seed=3, n=2, logprobs=True, top_logprobs=2)
+        **_chat(max_tokens=5, seed=3, n=2, logprobs=True, top_logprobs=2), **NO_EOS
     )
     assert [c.index for c in reply.choices] == [0, 1]
     content = reply.choices[1].logprobs.content
     assert len(content) == 5 and len(content[0].top_logprobs) == 2
-    completion = sdk.completions.create(model=MODEL, prompt="x", max_tokens=3, logprobs=1, n=2)
+    assert all(entry.logprob <= 0 for entry in content)
+    completion = sdk.completions.create(
+        model=MODEL, prompt="x", max_tokens=3, logprobs=1, n=2, **NO_EOS
+    )
     assert len(completion.choices) == 2
     assert len(completion.choices[0].logprobs.tokens) == 3
 
 
 def test_seed_reproducibility(sdk):
     def text(seed):
-        reply = sdk.chat.completions.create(**_chat(max_tokens=20, seed=seed, temperature=0.9))
+        reply = sdk.chat.completions.create(
+            **_chat(max_tokens=20, seed=seed, temperature=0.9), **NO_EOS
+        )
         return reply.choices[0].message.content
 
     assert text(11) == text(11) != text(12)
@@ -135,10 +177,9 @@ def _sse(response: httpx.Response) -> Iterator[str]:
 
 
 def test_raw_sse_framing(base_url):
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-    body = _chat(max_tokens=8, stream=True)
+    body = _chat(max_tokens=8, stream=True, ignore_eos=True, seed=5)
     with httpx.stream(
-        "POST", f"{base_url}/v1/chat/completions", json=body, headers=headers, timeout=30
+        "POST", f"{base_url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -147,20 +188,24 @@ def test_raw_sse_framing(base_url):
     chunks = [json.loads(p) for p in payloads[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    reply = httpx.post(
+        f"{base_url}/v1/chat/completions", json={**body, "stream": False}, headers=HEADERS
+    ).json()
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == reply["choices"][0]["message"]["content"]
 
 
 def test_client_disconnect_over_tcp_frees_the_engine(base_url):
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-    body = _chat(max_tokens=3000, stream=True)  # ~6 s of tokens at 2 ms each
+    body = _chat(max_tokens=3000, stream=True, ignore_eos=True)  # many seconds of tokens
     with httpx.stream(
-        "POST", f"{base_url}/v1/chat/completions", json=body, headers=headers, timeout=30
+        "POST", f"{base_url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60
     ) as response:
         for i, _ in enumerate(_sse(response)):
             if i == 3:
                 break
     started = time.monotonic()
     reply = httpx.post(
-        f"{base_url}/v1/chat/completions", json=_chat(max_tokens=5), headers=headers, timeout=30
+        f"{base_url}/v1/chat/completions", json=_chat(max_tokens=5), headers=HEADERS, timeout=60
     )
     assert reply.status_code == 200
     assert time.monotonic() - started < 2.0

@@ -50,7 +50,8 @@ async def test_stream_pieces_never_split_utf8(app, engine):
     # The fake's vocabulary is bytes; its word list has 2-, 3- and 4-byte characters.
     text, chunks = await stream_text(app, CHAT, chat_body(stream=True, max_tokens=300, seed=1))
     pieces = [c["choices"][0]["delta"].get("content", "") for c in chunks]
-    assert "\ufffd" not in text
+    # Only a character cut short by max_tokens may end the text, as U+FFFD (the tail).
+    assert "\ufffd" not in text.removesuffix("\ufffd")
     assert any(len(p.encode()) > 1 for p in pieces)  # multi-byte characters did stream
     assert text == engine.expected_text(engine.requests[-1])
 
@@ -173,3 +174,44 @@ async def test_sixteen_concurrent_streams_neither_lose_nor_mix_tokens(make_app):
         strip = [c["choices"] for c in chunks_alone]
         assert [c["choices"] for c in chunks_together] == strip
     assert engine.max_concurrent == 1
+
+
+def _cut_character_request(engine: FakeEngine, prompt: str) -> int:
+    """A max_tokens at which the fake's output ends inside a multi-byte character."""
+    from mtplx.request import GenerationRequest
+    from mtplx.sampling import SamplerConfig
+
+    ids = list(f"<|user|>{prompt}\n<|assistant|>".encode())
+    for max_tokens in range(1, 200):
+        request = GenerationRequest(ids, SamplerConfig(seed=5), max_tokens=max_tokens)
+        if engine.expected_text(request).endswith("\ufffd"):
+            return max_tokens
+    raise AssertionError("no cut character found")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_finish_event_tail_is_sent(app, client, engine, stream):
+    # The engine's detokenizer holds back the bytes of a character the length limit cut;
+    # they come with the FinishEvent (as U+FFFD) and must reach the client, after the last
+    # token's text and before the finish chunk.
+    max_tokens = _cut_character_request(engine, "tail")
+    body = chat_body("tail", max_tokens=max_tokens, seed=5, stream=stream)
+    if stream:
+        text, chunks = await stream_text(app, CHAT, body)
+        assert chunks[-2]["choices"][0]["delta"] == {"content": "\ufffd"}
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    else:
+        text = (await client.post(CHAT, json=body)).json()["choices"][0]["message"]["content"]
+    assert text.endswith("\ufffd") and text == engine.expected_text(engine.requests[-1])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_finish_event_tail_in_completions(app, client, engine, stream):
+    max_tokens = _cut_character_request(engine, "tail")
+    prompt = "<|user|>tail\n<|assistant|>"
+    body = {"model": "fake-model", "prompt": prompt, "max_tokens": max_tokens, "seed": 5}
+    if stream:
+        text, _ = await stream_text(app, "/v1/completions", {**body, "stream": True})
+    else:
+        text = (await client.post("/v1/completions", json=body)).json()["choices"][0]["text"]
+    assert text.endswith("\ufffd") and text == engine.expected_text(engine.requests[-1])

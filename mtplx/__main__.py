@@ -1,0 +1,7 @@
+"""``python -m mtplx``: the ``mtplx`` command."""
+
+import sys
+
+from mtplx.cli import main
+
+sys.exit(main())
