@@ -63,8 +63,10 @@ class Engine:
                 )
             self._drafters["draft_model"] = DraftModelDrafter(draft_model)
         self.available_drafters = tuple(self._drafters)
-        if default_drafter is None:
-            default_drafter = "mtp" if "mtp" in self._drafters else "ngram"
+        if default_drafter is None:  # the best drafter this model has
+            default_drafter = next(
+                d for d in ("mtp", "draft_model", "ngram") if d in self._drafters
+            )
         if default_drafter not in self._drafters:
             raise ValueError(
                 f"drafter {default_drafter!r} is not available for {self.model_name}; "

@@ -57,7 +57,12 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     """The ``serve`` subcommand. Options left out fall back to env, config file, defaults."""
     p = commands.add_parser("serve", help="start the OpenAI-compatible server")
     p.add_argument("model", nargs="?", help="checkpoint path or id (default: shipped model)")
-    p.add_argument("--drafter", choices=DRAFTER_NAMES, help="default drafter")
+    p.add_argument(
+        "--drafter",
+        choices=("auto", *DRAFTER_NAMES),
+        help="default drafter (auto: mtp when the model has MTP heads, else draft_model when "
+        "--draft-layers is given, else ngram)",
+    )
     p.add_argument("--depth", type=_depth, help="draft tokens per cycle, or 'adaptive'")
     p.add_argument(
         "--draft-layers",
@@ -88,7 +93,7 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int)
-    p.add_argument("--drafter", choices=DRAFTER_NAMES, default="mtp")
+    p.add_argument("--drafter", choices=("auto", *DRAFTER_NAMES), default="auto")
     p.add_argument("--depth", type=_depth, default=None)
     p.add_argument("--draft-layers", type=_positive, metavar="N")
     p.add_argument("--quiet", action="store_true", help="no statistics on stderr")
@@ -159,8 +164,14 @@ def engine_factory(
         path = resolve_model(model)
         loaded = load(path)
         draft = make_layer_skip_draft(loaded, draft_layers) if draft_layers else None
-        _check_drafter_available(drafter, path, bool(loaded.mtp_heads), draft is not None)
-        return Engine(loaded, default_drafter=drafter, default_depth=depth, draft_model=draft)
+        if drafter != "auto":
+            _check_drafter_available(drafter, path, bool(loaded.mtp_heads), draft is not None)
+        return Engine(
+            loaded,
+            default_drafter=None if drafter == "auto" else drafter,
+            default_depth=depth,
+            draft_model=draft,
+        )
 
     return build
 
@@ -293,7 +304,7 @@ def generate(args: argparse.Namespace) -> int:
                 temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed
             ),
             max_tokens=args.max_tokens,
-            drafter=args.drafter,
+            drafter=None if args.drafter == "auto" else args.drafter,
             depth=args.depth,
         )
         engine.validate(request)

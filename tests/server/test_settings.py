@@ -16,7 +16,7 @@ def test_defaults(monkeypatch):
     monkeypatch.delenv("MTPLX_PORT", raising=False)
     settings = load_settings()
     assert settings.host == "127.0.0.1" and settings.port == 8000
-    assert settings.drafter == "mtp" and settings.depth is None and settings.api_key is None
+    assert settings.drafter == "auto" and settings.depth is None and settings.api_key is None
 
 
 def test_precedence_cli_over_env_over_file(tmp_path, monkeypatch):
@@ -63,7 +63,7 @@ def test_config_must_be_a_mapping(tmp_path):
 @pytest.mark.parametrize("name", ["default.yaml", "cpu-small.yaml", "apple-silicon-27b.yaml"])
 def test_shipped_configs_load(name):
     settings = load_settings(CONFIGS / name)
-    assert settings.drafter in ("mtp", "draft_model", "ngram", "none")
+    assert settings.drafter in ("auto", "mtp", "draft_model", "ngram", "none")
 
 
 def test_apple_silicon_preset():
