@@ -138,7 +138,8 @@ def test_unavailable_drafter_stops_the_server_with_a_clear_error(
 ):
     for name in ("MTPLX_API_KEY", "MTPLX_HOST", "MTPLX_PORT", "MTPLX_DRAFTER"):
         monkeypatch.delenv(name, raising=False)
-    argv = ["serve", str(llama_no_mtp_checkpoint), "--port", "0", "--log-level", "error"]
+    argv = ["serve", str(llama_no_mtp_checkpoint), "--drafter", "mtp", "--port", "0"]
+    argv += ["--log-level", "error"]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert "--drafter mtp is not available" in err and "no MTP heads" in err
