@@ -254,3 +254,15 @@ def test_generation_can_be_cancelled_between_cycles(llama_engine: Engine) -> Non
     stream.close()
     tokens, _ = generate(llama_engine, GenerationRequest([1, 2, 3], GREEDY, max_tokens=4))
     assert len(tokens) == 4
+
+
+def test_reduced_draft_vocabulary_keeps_greedy_exact(llama_draft_vocab_checkpoint: Path) -> None:
+    """A head drafting over 128 of the 259 tokens: q is zero outside them, output unchanged."""
+    model = load(llama_draft_vocab_checkpoint)
+    assert model.draft_vocab is not None and model.draft_vocab.shape[0] < model.target.vocab_size
+    engine = Engine(model)
+    for prompt in _prompts(engine.vocab_size, 4):
+        plain, _ = generate(engine, GenerationRequest(prompt, GREEDY, 48, drafter="none"))
+        for depth in (1, 3):
+            request = GenerationRequest(prompt, GREEDY, 48, drafter="mtp", depth=depth)
+            assert generate(engine, request)[0] == plain

@@ -172,6 +172,43 @@ def small_vocab_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     return Engine(model, draft_model=make_layer_skip_draft(model, 1))
 
 
+@pytest.fixture(scope="module")
+def small_vocab_reduced_draft_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """The small-vocabulary model whose MTP head drafts over only 8 of its 12 tokens."""
+    directory = tmp_path_factory.mktemp("small_vocab_reduced")
+    build_checkpoint("llama_mtp", directory)
+    untie_lm_head(directory, logit_scale=2.0, vocab_size=SMALL_VOCAB)
+    head = mx.load(str(directory / "mtp.safetensors"))
+    draft_vocab = np.array([0, 2, 3, 5, 6, 8, 9, 11], dtype=np.int32)
+    rng = np.random.default_rng(5)
+    head["mtp.draft_vocab"] = mx.array(draft_vocab)
+    head["mtp.lm_head.weight"] = mx.array(
+        (rng.standard_normal((len(draft_vocab), 64)) * 0.25).astype(np.float32)
+    )
+    mx.save_safetensors(str(directory / "mtp.safetensors"), head)
+    model = load(directory)
+    assert model.draft_vocab is not None
+    return Engine(model)
+
+
+def test_reduced_draft_vocabulary_follows_plain_decoding_distribution(
+    small_vocab_reduced_draft_engine: Engine,
+) -> None:
+    engine = small_vocab_reduced_draft_engine
+    prompt = [1, 2, 3, 1, 2]
+    config = SamplerConfig(temperature=0.9, top_p=0.95)
+    exact = _exact_first_tokens(engine, prompt, config)
+    observed: dict[tuple[int, ...], int] = {}
+    for run in range(NUM_RUNS):
+        seeded = SamplerConfig(temperature=0.9, top_p=0.95, seed=run)
+        request = GenerationRequest(
+            prompt, seeded, max_tokens=NUM_GENERATED, drafter="mtp", depth=2, ignore_eos=True
+        )
+        tokens = tuple(e.token_id for e in engine.generate(request) if isinstance(e, TokenEvent))
+        observed[tokens] = observed.get(tokens, 0) + 1
+    assert _chi_square_pvalue(observed, exact, NUM_RUNS) > SIGNIFICANCE
+
+
 def _exact_first_tokens(engine: Engine, prompt: list[int], config: SamplerConfig) -> dict:
     """P(t1, t2, t3) of plain decoding: prod of the sampling distribution along each path,
     with penalties counting the earlier generated tokens."""
