@@ -233,12 +233,13 @@ def _write_weights(
     """
     from gguf import dequantize as gguf_dequantize
     from safetensors.numpy import save_file
+    from tqdm import tqdm
 
     from mtplx.models.gguf_quant import GROUP_SIZE, MLX_BITS, to_mlx_affine
 
     weights: dict[str, np.ndarray] = {}
     bits_of: dict[str, int] = {}  # module path -> bits, for the quantized ones
-    for tensor in reader.tensors:
+    for tensor in tqdm(reader.tensors, desc=f"converting {path.parent.name}", unit="tensor"):
         name = _hf_name(tensor.name)
         heads = None
         if ".attn_q." in tensor.name:
