@@ -58,6 +58,7 @@ def finish_run(
         lr=args.lr,
         deadline=max(deadline - reserve, time.monotonic() + 30),
         max_steps=args.max_steps,
+        depth2_weight=args.depth2_weight,
     )
     head_file = save_head(module, draft_vocab, args.out / "mtp.safetensors")
     tail = slice(-max(1, min(50, len(result.losses))), None)
@@ -79,11 +80,15 @@ def finish_run(
             "batch": args.batch,
             "seq_len": args.seq_len,
             "lr": args.lr,
+            "depth2_weight": args.depth2_weight,
         },
         "head_file": head_file.name,
         "head_bytes": head_file.stat().st_size,
         "notes": [
-            "depth-1 training only: deeper drafts recurse on the head's own output untrained",
+            f"depth-2 loss weight {args.depth2_weight}: the recursion step (own output + "
+            "true next token, exact drafter attention context) is trained"
+            if args.depth2_weight > 0
+            else "depth-1 training only: deeper drafts recurse on the head's own output",
         ],
     }
     curve = plot_curve(result.losses, result.agreement, args.out / "loss_curve.png")

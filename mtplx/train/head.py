@@ -55,15 +55,16 @@ def init_head(trunk: Trunk, draft_vocab: np.ndarray, *, source_layer: int = 0) -
 
 def head_forward(
     module: NextNModule, trunk: Trunk, hidden: mx.array, next_tokens: mx.array
-) -> tuple[mx.array, mx.array]:
+) -> tuple[mx.array, mx.array, mx.array]:
     """Teacher-forced pass over whole sequences: hidden [B, T, H] (h[0..T-1]) and next_tokens
-    [B, T] (x[1..T]) -> (draft-vocab logits [B, T, V'], post-norm output [B, T, H]); the
-    causal mask makes position i see the pairs 0..i, as the drafter's KV cache does."""
+    [B, T] (x[1..T]) -> (draft-vocab logits [B, T, V'], post-norm output [B, T, H], decoder
+    layer input [B, T, H]); the causal mask makes position i see the pairs 0..i, as the
+    drafter's KV cache does."""
     embedded = module.pre_fc_norm_embedding(mx.stop_gradient(trunk.embed(next_tokens)))
     x = module.fc(mx.concatenate([embedded, module.pre_fc_norm_hidden(hidden)], axis=-1))
-    x = module.layers[0](x, "causal" if x.shape[1] > 1 else None, None)
-    out = module.norm(x)
-    return module.lm_head(out), out
+    y = module.layers[0](x, "causal" if x.shape[1] > 1 else None, None)
+    out = module.norm(y)
+    return module.lm_head(out), out, x
 
 
 def head_weights(module: NextNModule, draft_vocab: np.ndarray) -> dict[str, mx.array]:

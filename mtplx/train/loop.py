@@ -24,6 +24,7 @@ import numpy as np
 from mtplx.models.mtp_nextn import NextNModule
 from mtplx.models.target import Trunk
 from mtplx.train.data import Sequences, Teacher
+from mtplx.train.depth2 import depth2_forward
 from mtplx.train.head import head_forward
 
 logger = logging.getLogger(__name__)
@@ -89,15 +90,39 @@ def make_batch(
     )
 
 
-def loss_fn(module: NextNModule, trunk: Trunk, batch: Batch) -> tuple[mx.array, mx.array]:
-    """(mean soft cross-entropy over real positions, top-1 agreement count)."""
-    logits, _ = head_forward(module, trunk, batch.hidden, batch.tokens)
+def _soft_ce(
+    logits: mx.array, ids: mx.array, probs: mx.array, best: mx.array, mask: mx.array
+) -> tuple[mx.array, mx.array]:
     logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    picked = mx.take_along_axis(logp, batch.target_ids, axis=-1)
-    per_pos = -(picked * batch.target_probs).sum(-1)
-    denom = mx.maximum(batch.mask.sum(), 1.0)
-    agree = ((mx.argmax(logits, axis=-1) == batch.teacher_best) * batch.mask).sum()
-    return per_pos.sum() / denom, agree
+    picked = mx.take_along_axis(logp, ids, axis=-1)
+    per_pos = -(picked * probs).sum(-1)
+    agree = ((mx.argmax(logits, axis=-1) == best) * mask).sum()
+    return per_pos.sum() / mx.maximum(mask.sum(), 1.0), agree
+
+
+def loss_fn(
+    module: NextNModule, trunk: Trunk, batch: Batch, depth2_weight: float = 0.0
+) -> tuple[mx.array, mx.array]:
+    """(mean soft cross-entropy over real positions, top-1 agreement count at depth 1).
+    With ``depth2_weight`` > 0, adds that share of the depth-2 loss: the head fed its own
+    (stop-gradient) output out1[i] and the true x[i+2], against the teacher at i+2."""
+    logits, out, layer_in = head_forward(module, trunk, batch.hidden, batch.tokens)
+    loss, agree = _soft_ce(
+        logits, batch.target_ids, batch.target_probs, batch.teacher_best, batch.mask
+    )
+    if depth2_weight > 0:
+        logits2 = depth2_forward(
+            module, trunk, layer_in, mx.stop_gradient(out[:, :-1]), batch.tokens[:, 1:]
+        )
+        loss2, _ = _soft_ce(
+            logits2,
+            batch.target_ids[:, 1:],
+            batch.target_probs[:, 1:],
+            batch.teacher_best[:, 1:],
+            batch.mask[:, 1:],
+        )
+        loss = loss + depth2_weight * loss2
+    return loss, agree
 
 
 def initial_behaviour(
@@ -115,7 +140,7 @@ def initial_behaviour(
     windows = Windows.cut(seqs, seq_len)
     chosen = np.arange(min(count, len(windows.start)))
     batch = make_batch(windows, chosen, seqs, teacher, to_draft, seq_len)
-    logits, _ = head_forward(module, trunk, batch.hidden, batch.tokens)
+    logits, _, _ = head_forward(module, trunk, batch.hidden, batch.tokens)
     guess = mx.array(draft_vocab)[mx.argmax(logits, axis=-1)]
     n = float(batch.mask.sum().item())
     copies = float(((guess == batch.tokens) * batch.mask).sum().item()) / n
@@ -162,6 +187,7 @@ def train(
     deadline: float,
     max_steps: int | None = None,
     warmup: int = 30,
+    depth2_weight: float = 0.0,
     on_step: Callable[[int, float], None] | None = None,
 ) -> TrainResult:
     """Train until ``max_steps`` or ``deadline`` (``time.monotonic()``). Without
@@ -171,7 +197,7 @@ def train(
     to_draft = _draft_index(trunk, teacher, draft_vocab)
     windows = Windows.cut(seqs, seq_len)
     optimizer = optim.AdamW(learning_rate=lr, weight_decay=0.01)
-    value_and_grad = nn.value_and_grad(module, lambda m, b: loss_fn(m, trunk, b))
+    value_and_grad = nn.value_and_grad(module, lambda m, b: loss_fn(m, trunk, b, depth2_weight))
     state = [module.state, optimizer.state]
 
     def step(*arrays: mx.array) -> tuple[mx.array, mx.array]:

@@ -105,6 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--depth2-weight", type=float, default=0.5, help="0: depth-1 loss only")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--data-only", action="store_true", help="stop after stage 1")
     p.add_argument("--no-eval", action="store_true", help="skip held-out evaluation")
