@@ -169,9 +169,7 @@ class Engine:
             num_draft = 0
             if drafter is not None:
                 num_draft = policy.choose(room - 1) if policy else min(depth or 0, room - 1)
-            pending = run_cycle(
-                self.target, drafter, state, config, num_draft, self.model.draft_vocab
-            )
+            pending = run_cycle(self.target, drafter, state, config, num_draft)
             if policy is not None and num_draft > 0:
                 policy.update(pending.num_drafted, pending.num_accepted)
             _record(stats, pending)

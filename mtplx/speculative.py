@@ -79,7 +79,6 @@ def run_cycle(
     state: SequenceState,
     config: SamplerConfig,
     num_draft: int,
-    draft_vocab: mx.array | None = None,
 ) -> CycleResult:
     """Draft up to ``num_draft`` tokens, verify them in one target forward, commit the result
     to ``state.cache`` and ``drafter``; ``state.tokens`` is left to the caller."""
@@ -90,7 +89,7 @@ def run_cycle(
     draft_qs: list[mx.array] = []
     if drafter is not None and num_draft > 0:
         sampler = DraftSampler(
-            config, target.vocab_size, uniforms[:num_draft], state.token_counts, draft_vocab
+            config, target.vocab_size, uniforms[:num_draft], state.token_counts, drafter.draft_vocab
         )
         draft_tokens, draft_qs = drafter.propose(state.tokens, num_draft, sampler)
     num_drafted = len(draft_tokens)

@@ -42,6 +42,7 @@ class ScriptedDrafter:
 
     name = "scripted"
     needs_hidden = False
+    draft_vocab = None
 
     def __init__(self, continuation: list[int], vocab_size: int) -> None:
         self.continuation = continuation

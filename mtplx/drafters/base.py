@@ -62,6 +62,9 @@ class Drafter(Protocol):
     committed history (never with rejected draft tokens)."""
 
     name: str
+    # Target token id of each entry of the drafter's logits when it drafts over a reduced
+    # vocabulary ([V'] int32), else None.
+    draft_vocab: mx.array | None
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Start a new sequence whose committed history is ``prompt_ids``'s first token."""

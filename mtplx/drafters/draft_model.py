@@ -18,6 +18,7 @@ class DraftModelDrafter:
 
     name = "draft_model"
     needs_hidden = False
+    draft_vocab = None
 
     def __init__(self, draft: TargetModel) -> None:
         self.draft = draft

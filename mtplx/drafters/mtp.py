@@ -28,6 +28,7 @@ class MTPDrafter:
         if not model.mtp_heads:
             raise ValueError(f"drafter 'mtp' needs MTP heads, and {model.path} has none")
         self.head: MTPHead = model.mtp_heads[0]
+        self.draft_vocab = model.draft_vocab
         self.cache: list[Any] = []
         self.pending_hidden: list[mx.array] = []  # [1, n, H] target hidden states to feed
         self.pending_tokens: list[int] = []

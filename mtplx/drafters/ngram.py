@@ -35,6 +35,7 @@ class NgramDrafter:
 
     name = "ngram"
     needs_hidden = False
+    draft_vocab = None
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2) -> None:
         self.max_ngram = max_ngram
