@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     serve_commands.add_serve_parser(commands)
     serve_commands.add_generate_parser(commands)
     bench_commands.add_bench_parser(commands)
+    bench_commands.add_bench_serve_parser(commands)
     inspect_parser = commands.add_parser(
         "inspect",
         help="describe a checkpoint: architecture, size, MTP heads, compatibility tier",
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         return serve_commands.generate(args)
     if args.command == "bench":
         return bench_commands.bench(args, argv)
+    if args.command == "bench-serve":
+        from mtplx.bench import serve_bench
+
+        return serve_bench.main(args)
     if args.command == "inspect":
         return _inspect(args.model)
     return 0

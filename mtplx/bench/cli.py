@@ -69,6 +69,19 @@ def add_bench_parser(commands: Any) -> argparse.ArgumentParser:
     return p
 
 
+def add_bench_serve_parser(commands: Any) -> argparse.ArgumentParser:
+    """The ``bench-serve`` subcommand."""
+    p = commands.add_parser("bench-serve", help="load-test a running mtplx (or any OpenAI) server")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
+    p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels")
+    p.add_argument("--requests", type=int, help="requests per level (default max(c, 4))")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--api-key")
+    p.add_argument("--out", type=Path, help="folder for serve.json and serve.md")
+    return p
+
+
 def bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     """Run the benchmark and write results.json, results.md and speedup.png."""
     from mtplx.bench.prompts import DEFAULT_PROMPT_DIR
