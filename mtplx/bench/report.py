@@ -148,6 +148,8 @@ def markdown(result: BenchResult, rows: list[dict[str, Any]], command: str) -> s
         f"- started {result.started}, {result.elapsed_s / 60:.1f} min",
         f"- machine: {m.get('cpu_model', '?')}, {m.get('cpus', '?')} CPUs, {m.get('platform')}; "
         f"MLX {m.get('mlx')} ({m.get('device')}), mlx-lm {m.get('mlx_lm', '?')}",
+        f"- lscpu: {'; '.join(f'{k}: {v}' for k, v in m.get('lscpu', {}).items())}; "
+        f"memory {m.get('memory_gb', '?')} GB",
         f"- BLAS: {blas.get('name')} ({blas.get('library') or 'reference'}), "
         f"{blas.get('threads')} thread(s)",
         f"- load average at start {m.get('load_average')}, at end {m.get('load_average_end')}",

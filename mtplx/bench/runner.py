@@ -151,8 +151,34 @@ def machine_info() -> dict[str, Any]:
         ]
         info["cpu_model"] = names[0] if names else platform.processor()
         info["cpus"] = len(names)
+    info["lscpu"] = _lscpu()
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        total_kb = int(meminfo.read_text().split()[1])  # first line: MemTotal: N kB
+        info["memory_gb"] = round(total_kb / 2**20, 1)
     info["load_average"] = _loadavg()
     return info
+
+
+def _lscpu() -> dict[str, str]:
+    """The lscpu lines that identify the CPU (empty where lscpu is missing)."""
+    import subprocess
+
+    keys = (
+        "Model name",
+        "CPU family",
+        "Model",
+        "Thread(s) per core",
+        "Core(s) per socket",
+        "Hypervisor vendor",
+        "L3 cache",
+    )
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    return {k: fields[k].strip() for k in keys if k in fields}
 
 
 def _blas_dict(blas: Any) -> dict[str, Any]:
