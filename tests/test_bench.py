@@ -140,3 +140,4 @@ def test_bench_end_to_end(fixture_model: Path, tmp_path: Path) -> None:
     assert "| category | mode | decode tok/s | speedup" in md
     assert "mlxlm-spec@2" in md and "## Bars" in md
     assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len((out / "records.jsonl").read_text().splitlines()) == 64

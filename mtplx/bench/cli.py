@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -107,12 +108,19 @@ def bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         seed=args.seed,
         progress=not args.no_progress,
     )
-    try:
-        result = run_bench(config)
-    except ValueError as exc:
-        print(f"mtplx bench: {exc}", file=sys.stderr)
-        return 2
     out = args.out or Path("results") / time.strftime("bench-%Y%m%d-%H%M%S", time.gmtime())
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "records.jsonl").open("w") as log:
+
+        def on_record(record: dict[str, Any]) -> None:
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+
+        try:
+            result = run_bench(config, on_record=on_record)
+        except ValueError as exc:
+            print(f"mtplx bench: {exc}", file=sys.stderr)
+            return 2
     command = "mtplx " + shlex.join(argv if argv is not None else sys.argv[1:])
     paths = write_reports(result, out, command)
     for row in summarize(result):

@@ -192,8 +192,13 @@ def _loadavg() -> list[float] | None:
         return None
 
 
-def run_bench(config: BenchConfig, loaded: LoadedModel | None = None) -> BenchResult:
-    """Run the whole benchmark and return every record."""
+def run_bench(
+    config: BenchConfig,
+    loaded: LoadedModel | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> BenchResult:
+    """Run the whole benchmark and return every record; ``on_record`` sees each record as
+    it is made (the CLI appends them to records.jsonl, so an interrupted run keeps its data)."""
     started = time.time()
     loaded = loaded or load(config.model)
     prompts = load_prompts(Path(config.prompt_dir), config.categories, config.prompts_per_category)
@@ -237,7 +242,10 @@ def run_bench(config: BenchConfig, loaded: LoadedModel | None = None) -> BenchRe
                     sampler = _seeded(SAMPLERS[sampler_name], seed)
                     for mode in order:
                         outcome = run(mode, encoded[prompt.prompt_id], sampler, config.max_tokens)
-                        result.records.append(_record(mode, prompt, sampler_name, repeat, outcome))
+                        record = _record(mode, prompt, sampler_name, repeat, outcome)
+                        result.records.append(record)
+                        if on_record is not None:
+                            on_record(record)
                         tick(f"{sampler_name} {prompt.prompt_id} {mode.name}")
     result.machine["load_average_end"] = _loadavg()
     result.elapsed_s = time.time() - started
