@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow serve lint format clean
+.PHONY: install test test-slow serve bench lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test-slow: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/mtplx serve $(ARGS)
+
+# A quick benchmark on the default model (a few minutes on 2 CPU cores); results/bench-*/.
+bench: $(STAMP)
+	$(BIN)/mtplx bench --quick $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check mtplx server tests

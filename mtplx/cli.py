@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from mtplx import serve as serve_commands
+from mtplx.bench import cli as bench_commands
 
 
 def _inspect(model: str) -> int:
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     serve_commands.add_serve_parser(commands)
     serve_commands.add_generate_parser(commands)
+    bench_commands.add_bench_parser(commands)
+    bench_commands.add_bench_serve_parser(commands)
     inspect_parser = commands.add_parser(
         "inspect",
         help="describe a checkpoint: architecture, size, MTP heads, compatibility tier",
@@ -55,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         return serve_commands.serve(args)
     if args.command == "generate":
         return serve_commands.generate(args)
+    if args.command == "bench":
+        return bench_commands.bench(args, argv)
+    if args.command == "bench-serve":
+        from mtplx.bench import serve_bench
+
+        return serve_bench.main(args)
     if args.command == "inspect":
         return _inspect(args.model)
     return 0

@@ -1,0 +1,195 @@
+"""``mtplx bench-serve``: load test of a running server with httpx async streaming clients.
+
+At each concurrency level c, c clients each send requests back to back (the level's
+``requests`` spread over them) as streaming chat completions, and the level reports
+aggregate completion tokens/s (usage tokens over the level's wall time), time to first
+content chunk and request latency (p50 / p99), and errors. Needs only httpx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from mtplx.bench.prompts import DEFAULT_PROMPT_DIR, load_prompts
+
+
+@dataclass
+class RequestResult:
+    """One streamed request: seconds to first content and to the end, tokens, error."""
+
+    ttft: float = math.nan
+    latency: float = math.nan
+    tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class LevelResult:
+    """One concurrency level's aggregate."""
+
+    concurrency: int
+    requests: int
+    errors: int
+    wall_s: float
+    tokens: int
+    tokens_per_s: float
+    ttft_p50: float
+    ttft_p99: float
+    latency_p50: float
+    latency_p99: float
+    error_samples: list[str] = field(default_factory=list)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile q in [0, 100] (NaN for no values)."""
+    data = sorted(v for v in values if not math.isnan(v))
+    if not data:
+        return math.nan
+    position = (len(data) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(data) - 1)
+    return data[low] + (data[high] - data[low]) * (position - low)
+
+
+async def stream_one(client: httpx.AsyncClient, body: dict[str, Any]) -> RequestResult:
+    """POST one streaming chat completion and time it; errors are recorded, not raised."""
+    result = RequestResult()
+    started = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")[:200]
+                result.error = f"HTTP {response.status_code}: {text}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    result.error = str(chunk["error"])[:200]
+                for choice in chunk.get("choices", []):
+                    if choice.get("delta", {}).get("content") and math.isnan(result.ttft):
+                        result.ttft = time.perf_counter() - started
+                if chunk.get("usage"):
+                    result.tokens = int(chunk["usage"].get("completion_tokens", 0))
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"[:200]
+    result.latency = time.perf_counter() - started
+    return result
+
+
+async def run_level(
+    client: httpx.AsyncClient, bodies: list[dict[str, Any]], concurrency: int, requests: int
+) -> LevelResult:
+    """``requests`` requests through ``concurrency`` workers (bodies taken round-robin)."""
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(bodies[i % len(bodies)])
+    results: list[RequestResult] = []
+
+    async def worker() -> None:
+        while not queue.empty():
+            results.append(await stream_one(client, queue.get_nowait()))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    ok = [r for r in results if r.error is None]
+    tokens = sum(r.tokens for r in ok)
+    return LevelResult(
+        concurrency=concurrency,
+        requests=len(results),
+        errors=len(results) - len(ok),
+        wall_s=wall,
+        tokens=tokens,
+        tokens_per_s=tokens / wall if wall > 0 else 0.0,
+        ttft_p50=percentile([r.ttft for r in ok], 50),
+        ttft_p99=percentile([r.ttft for r in ok], 99),
+        latency_p50=percentile([r.latency for r in ok], 50),
+        latency_p99=percentile([r.latency for r in ok], 99),
+        error_samples=[r.error for r in results if r.error][:3],
+    )
+
+
+async def bench_serve(
+    base_url: str,
+    *,
+    concurrency: list[int],
+    requests_per_level: int | None = None,
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    api_key: str | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    prompt_dir: Path = DEFAULT_PROMPT_DIR,
+) -> list[LevelResult]:
+    """Every concurrency level in turn against the server at ``base_url``."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    timeout = httpx.Timeout(600.0, connect=10.0)
+    async with httpx.AsyncClient(
+        base_url=base_url, headers=headers, timeout=timeout, transport=transport
+    ) as client:
+        models = (await client.get("/v1/models")).json()["data"]
+        model = models[0]["id"]
+        bodies = [
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": p.text}],
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "ignore_eos": True,
+            }
+            for p in load_prompts(prompt_dir)
+        ]
+        return [
+            await run_level(client, bodies, c, requests_per_level or max(c, 4)) for c in concurrency
+        ]
+
+
+def markdown(levels: list[LevelResult], base_url: str) -> str:
+    """A Markdown table of the levels."""
+    lines = [
+        f"# mtplx bench-serve — {base_url}",
+        "",
+        "| concurrency | requests | errors | tok/s | TTFT p50 ms | TTFT p99 ms "
+        "| latency p50 s | latency p99 s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for lv in levels:
+        lines.append(
+            f"| {lv.concurrency} | {lv.requests} | {lv.errors} | {lv.tokens_per_s:.1f} "
+            f"| {lv.ttft_p50 * 1e3:.0f} | {lv.ttft_p99 * 1e3:.0f} "
+            f"| {lv.latency_p50:.2f} | {lv.latency_p99:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the levels, print the table, write JSON and Markdown when --out is given."""
+    levels = asyncio.run(
+        bench_serve(
+            args.url,
+            concurrency=[int(c) for c in args.concurrency.split(",") if c.strip()],
+            requests_per_level=args.requests,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            api_key=args.api_key,
+        )
+    )
+    table = markdown(levels, args.url)
+    print(table)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "serve.json").write_text(json.dumps([asdict(lv) for lv in levels], indent=1))
+        (args.out / "serve.md").write_text(table)
+    return 0
