@@ -43,43 +43,51 @@ def prepare_data(
     batch_size: int,
     top_k: int,
 ) -> tuple[data_mod.Sequences, data_mod.Teacher, dict[str, float]]:
-    """Stage 1 (cached in ``out/data``): sequences and the teacher pass over them."""
+    """Stage 1 (cached in ``out/data``): sequences and the teacher's view of them (captured
+    while generating the chat answers; one teacher pass over the local text)."""
     folder = out / "data"
     folder.mkdir(parents=True, exist_ok=True)
     seq_path, teacher_path = folder / "sequences.npz", folder / "teacher.npz"
     info_path = folder / "info.json"
-    info: dict[str, float] = json.loads(info_path.read_text()) if info_path.exists() else {}
-    if seq_path.exists():
+    if seq_path.exists() and teacher_path.exists():
         seqs = data_mod.Sequences.load(seq_path)
+        teacher = data_mod.Teacher.load(teacher_path)
+        info: dict[str, float] = json.loads(info_path.read_text())
     else:
-        train_prompts, _ = build_prompts(seed)
+        info = {}
+        train_prompts, _ = build_prompts(seed, num_train=num_prompts)
         started = time.monotonic()
-        chat, starts = data_mod.generate_answers(
+        chat = data_mod.generate_with_teacher(
             model,
-            train_prompts[:num_prompts],
+            train_prompts,
             seed=seed,
             rounds=rounds,
             max_tokens=max_answer_tokens,
             deadline=started + 60 * gen_minutes,
             batch_size=batch_size,
+            top_k=top_k,
         )
         info["generation_seconds"] = time.monotonic() - started
-        info["generated_tokens"] = float(sum(len(s) - a for s, a in zip(chat, starts, strict=True)))
-        text = data_mod.local_text_chunks(model.tokenizer, max_tokens=text_tokens, seed=seed)
-        seqs = data_mod.Sequences.build(
-            chat + text, [0] * len(chat) + [1] * len(text), starts + [0] * len(text)
+        info["generated_tokens"] = float(
+            sum(len(s) - a + 1 for s, a in zip(chat.seqs, chat.starts, strict=True))
         )
-        seqs.save(seq_path.with_suffix(".tmp.npz"))
-        seq_path.with_suffix(".tmp.npz").rename(seq_path)
-        info_path.write_text(json.dumps(info, indent=2))
-    if teacher_path.exists():
-        teacher = data_mod.Teacher.load(teacher_path)
-    else:
+        text = data_mod.local_text_chunks(model.tokenizer, max_tokens=text_tokens, seed=seed)
         started = time.monotonic()
-        teacher = data_mod.teacher_pass(model, seqs, top_k=top_k)
+        text_teacher = data_mod.teacher_pass(
+            model, data_mod.Sequences.build(text, [1] * len(text), [0] * len(text)), top_k=top_k
+        )
         info["teacher_seconds"] = time.monotonic() - started
-        teacher.save(teacher_path.with_suffix(".tmp.npz"))
-        teacher_path.with_suffix(".tmp.npz").rename(teacher_path)
+        seqs = data_mod.Sequences.build(
+            chat.seqs + text, [0] * len(chat.seqs) + [1] * len(text), chat.starts + [0] * len(text)
+        )
+        teacher = data_mod.Teacher(
+            np.concatenate([*chat.hidden, text_teacher.hidden]),
+            np.concatenate([*chat.top_ids, text_teacher.top_ids]),
+            np.concatenate([*chat.top_probs, text_teacher.top_probs]),
+        )
+        for obj, path in ((seqs, seq_path), (teacher, teacher_path)):
+            obj.save(path.with_suffix(".tmp.npz"))
+            path.with_suffix(".tmp.npz").rename(path)
         info_path.write_text(json.dumps(info, indent=2))
     info["tokens"] = float(len(seqs.tokens))
     info["unique_tokens"] = float(len(np.unique(seqs.tokens)))
@@ -95,11 +103,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="target checkpoint (default: SmolLM2-135M)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gen-minutes", type=float, default=None, help="default: 40%% of budget")
-    p.add_argument("--num-prompts", type=int, default=600)
+    p.add_argument("--num-prompts", type=int, default=1748, help="training prompts (max 1748)")
     p.add_argument("--rounds", type=int, default=2, help="answers per prompt (greedy/sampled)")
     p.add_argument("--max-answer-tokens", type=int, default=192)
     p.add_argument("--text-tokens", type=int, default=30000, help="stdlib source tokens")
-    p.add_argument("--gen-batch", type=int, default=48)
+    p.add_argument("--gen-batch", type=int, default=64)
     p.add_argument("--top-k", type=int, default=32, help="teacher probabilities kept")
     p.add_argument("--draft-vocab", type=int, default=8192)
     p.add_argument("--seq-len", type=int, default=256)
