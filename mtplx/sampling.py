@@ -382,19 +382,29 @@ def mx_apply_penalties(
 def mx_apply_top_p_top_k(
     probs: mx.array, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0
 ) -> mx.array:
-    """MLX twin of ``apply_top_p_top_k`` (same order, same tie rule). probs: [..., V]."""
+    """MLX twin of ``apply_top_p_top_k`` (same order, same tie rule). probs: [..., V].
+
+    With top-k on, no full-vocabulary sort is needed: a partition finds the k-th largest
+    probability, and the nucleus lies within the k largest survivors, so top-p sorts only
+    those k values (the survivors beyond k are ties of the k-th value, whose threshold is the
+    same). Without top-k, top-p sorts the whole row."""
     vocab_size = probs.shape[-1]
     use_top_k = 0 < top_k < vocab_size
     if not (use_top_k or top_p < 1.0 or min_p > 0.0):
         return probs
     keep = probs > 0
     if use_top_k:
-        kth_largest = mx.sort(probs, axis=-1)[..., vocab_size - top_k : vocab_size - top_k + 1]
+        split = vocab_size - top_k
+        kth_largest = mx.partition(probs, split, axis=-1)[..., split : split + 1]
         keep = keep & (probs >= kth_largest)
     if top_p < 1.0:
         kept = mx.where(keep, probs, 0.0)
         kept = kept / mx.sum(kept, axis=-1, keepdims=True)
-        descending = mx.sort(kept, axis=-1)[..., ::-1]
+        if use_top_k:
+            largest = mx.partition(kept, vocab_size - top_k, axis=-1)[..., vocab_size - top_k :]
+            descending = mx.sort(largest, axis=-1)[..., ::-1]
+        else:
+            descending = mx.sort(kept, axis=-1)[..., ::-1]
         mass_before = mx.cumsum(descending, axis=-1, inclusive=False)
         num_in_nucleus = mx.sum(mass_before < top_p, axis=-1, keepdims=True)
         threshold = mx.take_along_axis(descending, num_in_nucleus - 1, axis=-1)

@@ -21,6 +21,7 @@ from mtplx.sampling import (
     apply_penalties,
     apply_top_p_top_k,
     distribution_from_logits,
+    mx_apply_top_p_top_k,
     mx_distribution_from_logits,
     mx_sample,
     mx_verify_draft_tokens,
@@ -377,6 +378,33 @@ def test_mlx_distribution_matches_numpy_reference(config: SamplerConfig) -> None
     actual = np.array(mx_distribution_from_logits(mx.array(logits), config, mx.array(counts)))
     assert (_support_mask(actual) == _support_mask(expected)).all()
     np.testing.assert_allclose(actual, expected, rtol=2e-5, atol=1e-7)
+
+
+def _tie_rows() -> np.ndarray:
+    """Rows with ties at top-k / top-p boundaries and zeros (a reduced draft vocabulary)."""
+    rng = np.random.default_rng(11)
+    rows = [
+        [0.125, 0.5, 0.25, 0.125, 0.0, 0.0],
+        [0.2, 0.2, 0.2, 0.2, 0.2, 0.0],
+        [0.0, 0.4, 0.0, 0.3, 0.3, 0.0],
+        [0.6, 0.1, 0.1, 0.1, 0.1, 0.0],
+    ]
+    for _ in range(12):
+        row = rng.choice([0.0, 1.0, 2.0, 3.0], size=6).astype(np.float64)
+        row[rng.integers(6)] += 1.0
+        rows.append(list(row / row.sum()))
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("top_k", [0, 1, 2, 3, 5])
+@pytest.mark.parametrize("top_p", [1.0, 0.3, 0.5, 0.75, 0.9])
+def test_mlx_filters_match_numpy_on_ties_and_zeros(top_k: int, top_p: float) -> None:
+    probs = _tie_rows()
+    for min_p in (0.0, 0.5):
+        expected = apply_top_p_top_k(probs, top_p, top_k, min_p)
+        actual = np.array(mx_apply_top_p_top_k(mx.array(probs, mx.float32), top_p, top_k, min_p))
+        assert (_support_mask(actual) == _support_mask(expected)).all(), (top_k, top_p, min_p)
+        np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-7)
 
 
 def _support_mask(probs: np.ndarray) -> np.ndarray:
