@@ -12,17 +12,22 @@ import secrets
 import statistics
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import mlx.core as mx
 
-from mtplx import cache as cache_ops
 from mtplx.depth_policy import AdaptiveDepth
-from mtplx.drafters import Drafter, DraftModelDrafter, MTPDrafter, NgramDrafter
+from mtplx.drafters import (
+    Drafter,
+    DraftModelDrafter,
+    LookupFirstDrafter,
+    MTPDrafter,
+    NgramDrafter,
+)
+from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.models.base import LoadedModel, TargetModel
 from mtplx.output import TextEmitter
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
-from mtplx.sampling import mx_distribution_from_logits, mx_sample
+from mtplx.sampling import SamplerConfig, mx_distribution_from_logits, mx_sample
 from mtplx.speculative import CycleResult, SequenceState, cycle_uniforms, run_cycle
 
 logger = logging.getLogger(__name__)
@@ -62,10 +67,16 @@ class Engine:
                     f"target's ({self.vocab_size})"
                 )
             self._drafters["draft_model"] = DraftModelDrafter(draft_model)
+        lookup = self._drafters["ngram"]
+        for name in ("mtp", "draft_model"):
+            model_drafter = self._drafters.get(name)
+            if model_drafter is not None:
+                mixed = LookupFirstDrafter(lookup, model_drafter)  # type: ignore[arg-type]
+                self._drafters[f"{name}+ngram"] = mixed
         self.available_drafters = tuple(self._drafters)
         if default_drafter is None:  # the best drafter this model has
             default_drafter = next(
-                d for d in ("mtp", "draft_model", "ngram") if d in self._drafters
+                d for d in ("mtp+ngram", "draft_model+ngram", "ngram") if d in self._drafters
             )
         if default_drafter not in self._drafters:
             raise ValueError(
@@ -74,7 +85,7 @@ class Engine:
             )
         self.default_drafter = default_drafter
         self.default_depth = default_depth
-        self._cycle_costs: dict[str, list[float]] = {}
+        self._cycle_costs: dict[tuple[str, tuple[bool, ...]], list[float]] = {}
         self.eos_token_ids = set(model.eos_token_ids) | set(
             getattr(self.tokenizer, "eos_token_ids", set()) or set()
         )
@@ -117,11 +128,15 @@ class Engine:
         drafter_name = request.drafter or self.default_drafter
         drafter = self._drafters[drafter_name]
         depth = request.depth if request.depth is not None else self.default_depth
-        policy = None
+        sources = _sources(drafter)
+        policies = {}  # draft source -> its adaptive depth policy (empty: fixed depth)
         if depth is None and drafter is not None:
-            policy = AdaptiveDepth(
-                self.cycle_costs(drafter_name), prior_acceptance=PRIOR_ACCEPTANCE[drafter_name]
-            )
+            policies = {
+                source: AdaptiveDepth(
+                    self.cycle_costs(source, config), prior_acceptance=PRIOR_ACCEPTANCE[source]
+                )
+                for source in sources
+            }
         seed = config.seed if config.seed is not None else secrets.randbits(63)
         prompt = [int(t) for t in request.prompt_ids]
         state = SequenceState(
@@ -166,12 +181,10 @@ class Engine:
             if room <= 0:
                 yield FinishEvent("length", stats, emitter.flush())
                 return
-            num_draft = 0
-            if drafter is not None:
-                num_draft = policy.choose(room - 1) if policy else min(depth or 0, room - 1)
+            source, num_draft = _plan_cycle(drafter, policies, depth, state.tokens, room - 1)
             pending = run_cycle(self.target, drafter, state, config, num_draft)
-            if policy is not None and num_draft > 0:
-                policy.update(pending.num_drafted, pending.num_accepted)
+            if source in policies and num_draft > 0:
+                policies[source].update(pending.num_drafted, pending.num_accepted)
             _record(stats, pending)
 
     def _prefill(
@@ -217,50 +230,97 @@ class Engine:
 
     # -- cost calibration for the adaptive depth policy --------------------------------------
 
-    def cycle_costs(self, drafter_name: str) -> list[float]:
-        """Seconds of one cycle at depth 0..max_adaptive_depth for ``drafter_name``, measured
-        once per engine (median of repeats) and then fixed."""
-        if drafter_name not in self._cycle_costs:
-            self._cycle_costs[drafter_name] = self._measure_cycle_costs(drafter_name)
+    def cycle_costs(self, source: str, config: SamplerConfig) -> list[float]:
+        """Seconds of one cycle at depth 0..max_adaptive_depth drafting from ``source``
+        under ``config``'s kind of sampling (greedy or not, which filters, penalties),
+        measured once per engine and kind (median of repeats) and then fixed, so a seeded
+        request replays the same depth schedule within a process."""
+        key = (source, _sampling_kind(config))
+        if key not in self._cycle_costs:
+            self._cycle_costs[key] = self._measure_cycle_costs(source, config)
             logger.info(
-                "cycle costs for %s: %s ms",
-                drafter_name,
-                [round(c * 1e3, 2) for c in self._cycle_costs[drafter_name]],
+                "cycle costs for %s %s: %s ms",
+                source,
+                key[1],
+                [round(c * 1e3, 2) for c in self._cycle_costs[key]],
             )
-        return self._cycle_costs[drafter_name]
+        return self._cycle_costs[key]
 
-    def _measure_cycle_costs(self, drafter_name: str, repeats: int = 3) -> list[float]:
-        cache = self.target.make_cache()
-        context = mx.arange(32, dtype=mx.int32)[None] % self.vocab_size
-        mx.eval(self.target(context, cache))
-        point = cache_ops.checkpoint(cache)
-
-        def timed(run: Any) -> float:
+    def _measure_cycle_costs(
+        self, source: str, config: SamplerConfig, repeats: int = 3
+    ) -> list[float]:
+        """Time whole cycles (draft, verify forward, the exact rule, host syncs, commits) at
+        each depth on a scratch sequence whose text repeats, so lookup always proposes."""
+        drafter = self._drafters[source]
+        prompt = [(7 + i % 8) % self.vocab_size for i in range(32)]
+        state = SequenceState(
+            tokens=list(prompt),
+            num_prompt_tokens=len(prompt),
+            cache=self.target.make_cache(),
+            seed=0,
+            token_counts=mx.zeros((self.vocab_size,), mx.int32) if config.has_penalties else None,
+        )
+        scratch = GenerationRequest(prompt_ids=prompt, sampler=config)
+        state.tokens.extend(self._prefill(state, drafter, scratch).committed)
+        costs = []
+        for depth in range(self.max_adaptive_depth + 1):
             samples = []
             for _ in range(repeats + 1):
                 started = time.perf_counter()
-                mx.eval(run())
+                result = run_cycle(self.target, drafter, state, config, depth)
                 samples.append(time.perf_counter() - started)
-                cache_ops.rollback(cache, point)
-            return statistics.median(samples[1:])
+                state.tokens.extend(result.committed)
+            costs.append(statistics.median(samples[1:]))
+        return costs
 
-        verify = [
-            timed(lambda n=n: self.target(context[:, :n], cache)[0])
-            for n in range(1, self.max_adaptive_depth + 2)
-        ]
-        draft_step = 0.0
-        if drafter_name == "mtp":
-            head = self.model.mtp_heads[0]
-            head_cache = head.make_cache()
-            hidden = self.target(context[:, :1], cache)[1]
-            cache_ops.rollback(cache, point)
-            draft_step = timed(lambda: head(hidden, context[:, :1], head_cache)[0])
-        elif drafter_name == "draft_model":
-            draft = self._drafters["draft_model"].draft  # type: ignore[union-attr]
-            draft_cache = draft.make_cache()
-            draft_step = timed(lambda: draft(context[:, :1], draft_cache)[0])
-        # A drafting cycle also feeds the committed tokens to the drafter: one more step.
-        return [verify[0]] + [verify[k] + (k + 1) * draft_step for k in range(1, len(verify))]
+
+def _sampling_kind(config: SamplerConfig) -> tuple[bool, ...]:
+    """What makes a cycle's sampling work differ: greedy, each filter, penalties, bias."""
+    return (
+        config.is_greedy,
+        config.top_k > 0,
+        config.top_p < 1.0,
+        config.min_p > 0.0,
+        config.has_penalties,
+        bool(config.logit_bias),
+    )
+
+
+def _sources(drafter: Drafter | None) -> tuple[str, ...]:
+    """The draft sources a drafter drafts from (each gets its own depth policy)."""
+    if drafter is None:
+        return ()
+    if isinstance(drafter, LookupFirstDrafter):
+        return drafter.sources
+    return (drafter.name,)
+
+
+def _plan_cycle(
+    drafter: Drafter | None,
+    policies: dict[str, AdaptiveDepth],
+    depth: int | None,
+    history: list[int],
+    limit: int,
+) -> tuple[str | None, int]:
+    """(draft source, number of draft tokens) for the next cycle, at most ``limit`` tokens.
+    A lookup-first drafter drafts from lookup when the history has a match and lookup's
+    depth is above 0, else from its model drafter."""
+    if drafter is None:
+        return None, 0
+
+    def depth_for(source: str) -> int:
+        if policies:
+            return policies[source].choose(limit)
+        return min(depth or 0, limit)
+
+    source = drafter.name
+    if isinstance(drafter, LookupFirstDrafter):
+        source = drafter.model_drafter.name
+        if drafter.lookup_matches(history) and (num_draft := depth_for(LOOKUP)) > 0:
+            drafter.use(LOOKUP)
+            return LOOKUP, num_draft
+        drafter.use(source)
+    return source, depth_for(source)
 
 
 def _record(stats: GenerationStats, result: CycleResult) -> None:

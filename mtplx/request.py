@@ -9,7 +9,7 @@ from typing import Literal
 
 from mtplx.sampling import SamplerConfig
 
-DRAFTER_NAMES = ("mtp", "draft_model", "ngram", "none")
+DRAFTER_NAMES = ("mtp+ngram", "draft_model+ngram", "mtp", "draft_model", "ngram", "none")
 MAX_DEPTH = 16
 
 

@@ -60,8 +60,9 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--drafter",
         choices=("auto", *DRAFTER_NAMES),
-        help="default drafter (auto: mtp when the model has MTP heads, else draft_model when "
-        "--draft-layers is given, else ngram)",
+        help="default drafter (auto: mtp+ngram when the model has MTP heads, else "
+        "draft_model+ngram when --draft-layers is given, else ngram; X+ngram drafts by n-gram "
+        "lookup when the history has a match, else with X)",
     )
     p.add_argument("--depth", type=_depth, help="draft tokens per cycle, or 'adaptive'")
     p.add_argument(
@@ -131,13 +132,15 @@ def _check_drafter_available(
     drafter: str, model: str, has_mtp: bool, has_draft_model: bool
 ) -> None:
     """Raise a ValueError that says what to pass instead when ``drafter`` cannot run."""
-    available = ["none", "ngram"] + ["mtp"] * has_mtp + ["draft_model"] * has_draft_model
+    available = ["none", "ngram"]
+    available += ["mtp", "mtp+ngram"] * has_mtp
+    available += ["draft_model", "draft_model+ngram"] * has_draft_model
     if drafter in available:
         return
     reason = {
         "mtp": "the checkpoint has no MTP heads",
         "draft_model": "no draft model was given (--draft-layers N)",
-    }[drafter]
+    }[drafter.removesuffix("+ngram")]
     raise ValueError(
         f"--drafter {drafter} is not available for {model}: {reason}; available drafters: "
         f"{', '.join(available)} (pass --drafter, or --draft-layers N for draft_model)"

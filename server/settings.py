@@ -29,7 +29,9 @@ class ServerSettings(BaseSettings):
 
     model: str | None = Field(None, description="checkpoint path or id; None = shipped default")
     served_model_name: str | None = Field(None, description="id clients send; default: model's")
-    drafter: Literal["auto", "mtp", "draft_model", "ngram", "none"] = "auto"
+    drafter: Literal[
+        "auto", "mtp+ngram", "draft_model+ngram", "mtp", "draft_model", "ngram", "none"
+    ] = "auto"
     depth: int | None = Field(
         None, ge=0, le=16, description="draft tokens per cycle; None=adaptive"
     )

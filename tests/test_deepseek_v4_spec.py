@@ -30,7 +30,7 @@ def test_deepseek_v4_checkpoint_is_served_by_its_mtp_head(
     engine: Engine, deepseek_v4_checkpoint: Path
 ) -> None:
     assert inspect(deepseek_v4_checkpoint).tier == Tier.UNVERIFIED
-    assert engine.default_drafter == "mtp"
+    assert engine.default_drafter == "mtp+ngram"
     assert not all(layer.is_trimmable() for layer in engine.model.target.make_cache())
 
 

@@ -76,7 +76,8 @@ def _assert_greedy_equal(
         plain[index], finish = generate(engine, request)
         assert len(plain[index]) == num_tokens and finish.finish_reason == "length"
     assert len({tuple(tokens) for tokens in plain.values()}) > num_prompts // 2  # not degenerate
-    drafters = [d for d in ("mtp", "draft_model", "ngram") if d in engine.available_drafters]
+    names = ("mtp", "draft_model", "ngram", "mtp+ngram", "draft_model+ngram")
+    drafters = [d for d in names if d in engine.available_drafters]
     assert "mtp" in drafters
     for drafter in drafters:
         for depth in depths:
@@ -127,7 +128,7 @@ def test_greedy_speculative_equals_plain_other_families_full(
     _assert_greedy_equal(engine, NUM_PROMPTS, NUM_TOKENS, depths=(1, 2, 3, 4))
 
 
-@pytest.mark.parametrize("drafter", ["none", "mtp", "draft_model", "ngram"])
+@pytest.mark.parametrize("drafter", ["none", "mtp", "draft_model", "ngram", "mtp+ngram"])
 def test_same_seed_same_output(llama_engine: Engine, drafter: str) -> None:
     config = SamplerConfig(temperature=0.9, top_p=0.95, seed=1234)
     request = GenerationRequest([5, 6, 7, 5, 6], config, max_tokens=40, drafter=drafter, depth=3)
@@ -182,7 +183,7 @@ def test_stop_string_ends_generation_and_is_not_emitted(llama_engine: Engine) ->
     middle = len(full_text) // 2
     stop = full_text[middle : middle + 3]
     assert len(stop) == 3
-    for drafter in ("none", "ngram", "mtp", "draft_model"):
+    for drafter in ("none", "ngram", "mtp", "draft_model", "mtp+ngram"):
         stopped = GenerationRequest(
             prompt, GREEDY, max_tokens=40, stop=[stop], drafter=drafter, depth=3, ignore_eos=True
         )

@@ -56,7 +56,8 @@ def _tokens(engine: Engine, request: GenerationRequest) -> list[int]:
 
 
 def _assert_greedy_equal(engine: Engine, prompts: list[str], num_tokens: int, depths) -> None:
-    drafters = [d for d in ("mtp", "draft_model", "ngram") if d in engine.available_drafters]
+    names = ("mtp", "draft_model", "ngram", "mtp+ngram", "draft_model+ngram")
+    drafters = [d for d in names if d in engine.available_drafters]
     for index, text in enumerate(prompts):
         prompt = _prompt_ids(engine, text)
         plain = _tokens(engine, GenerationRequest(prompt, GREEDY, num_tokens, drafter="none"))

@@ -258,8 +258,16 @@ def _chi_square_pvalue(observed: dict, exact: dict, num_runs: int) -> float:
         ("draft_model", SamplerConfig(temperature=1.0, min_p=0.05, repetition_penalty=1.3)),
         ("ngram", SamplerConfig(temperature=0.7, frequency_penalty=0.8, presence_penalty=0.5)),
         ("mtp", SamplerConfig(temperature=1.1, presence_penalty=1.0, top_k=8)),
+        ("mtp+ngram", SamplerConfig(temperature=0.9, top_p=0.95)),
     ],
-    ids=["plain", "mtp-topk-topp", "draft-minp-repetition", "ngram-penalties", "mtp-penalties"],
+    ids=[
+        "plain",
+        "mtp-topk-topp",
+        "draft-minp-repetition",
+        "ngram-penalties",
+        "mtp-penalties",
+        "lookup-first-topp",
+    ],
 )
 def test_first_tokens_follow_plain_decoding_distribution(
     small_vocab_engine: Engine, drafter: str, config: SamplerConfig

@@ -81,7 +81,14 @@ def test_health_reports_the_real_engine(base_url):
     health = httpx.get(f"{base_url}/health").json()
     assert health["status"] == "ok" and health["model"] == MODEL
     assert health["drafter"] == "mtp" and health["depth"] == "adaptive"
-    assert set(health["available_drafters"]) == {"none", "ngram", "mtp", "draft_model"}
+    assert set(health["available_drafters"]) == {
+        "none",
+        "ngram",
+        "mtp",
+        "draft_model",
+        "mtp+ngram",
+        "draft_model+ngram",
+    }
     assert {"name", "threads", "fast", "fallback_reason"} <= set(health["blas"])
 
 

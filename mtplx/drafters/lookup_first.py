@@ -1,0 +1,61 @@
+"""n-gram lookup first, a model drafter otherwise: the default for models that can draft.
+
+Each cycle drafts from prompt lookup when the history has an n-gram match (free, and long
+accepted runs when the output repeats its input), else from the model drafter (MTP head or
+draft model). The engine decides the source before the cycle (``lookup_matches``), keeps a
+depth policy per source, and calls ``use``; committed tokens reach both drafters, so the model
+drafter stays in step through lookup cycles.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mtplx.drafters.base import Drafter, DraftSampler
+from mtplx.drafters.ngram import NgramDrafter, find_continuation
+
+LOOKUP = "ngram"
+
+
+class LookupFirstDrafter:
+    """Proposes from ``lookup`` or ``model_drafter``, whichever ``use`` last named."""
+
+    def __init__(self, lookup: NgramDrafter, model_drafter: Drafter) -> None:
+        self.lookup = lookup
+        self.model_drafter = model_drafter
+        self.name = f"{model_drafter.name}+{LOOKUP}"
+        self.sources = (LOOKUP, model_drafter.name)
+        self.draft_vocab = model_drafter.draft_vocab  # the lookup ignores the draft sampler
+        self.source = model_drafter.name
+
+    @property
+    def needs_hidden(self) -> bool:
+        """The model drafter's need."""
+        return self.model_drafter.needs_hidden
+
+    def lookup_matches(self, history: list[int]) -> bool:
+        """Whether prompt lookup has a continuation for ``history``."""
+        return bool(find_continuation(history, 1, self.lookup.max_ngram, self.lookup.min_ngram))
+
+    def use(self, source: str) -> None:
+        """Draft the next cycle from ``source`` (one of ``sources``)."""
+        if source not in self.sources:
+            raise ValueError(f"unknown draft source {source!r}; sources: {self.sources}")
+        self.source = source
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """Reset both drafters for a new sequence."""
+        self.lookup.reset(prompt_ids)
+        self.model_drafter.reset(prompt_ids)
+        self.source = self.model_drafter.name
+
+    def commit(self, new_tokens: list[int], target_hidden: mx.array | None) -> None:
+        """Committed tokens reach both drafters (the lookup keeps no state)."""
+        self.model_drafter.commit(new_tokens, target_hidden)
+
+    def propose(
+        self, history: list[int], k: int, sample: DraftSampler
+    ) -> tuple[list[mx.array], list[mx.array]]:
+        """Up to k draft tokens from the current source."""
+        drafter = self.lookup if self.source == LOOKUP else self.model_drafter
+        return drafter.propose(history, k, sample)
