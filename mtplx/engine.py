@@ -28,7 +28,14 @@ from mtplx.models.base import LoadedModel, TargetModel
 from mtplx.output import TextEmitter
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
 from mtplx.sampling import SamplerConfig, mx_distribution_from_logits, mx_sample
-from mtplx.speculative import CycleResult, SequenceState, cycle_uniforms, run_cycle
+from mtplx.speculative import (
+    Ahead,
+    CycleResult,
+    SequenceState,
+    cycle_uniforms,
+    plain_cycle_ahead,
+    run_cycle,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +163,7 @@ class Engine:
         first = self._prefill(state, drafter, request)
         stats.prefill_time = time.perf_counter() - started
         pending: CycleResult | None = first
+        ahead: Ahead | None = None  # the queued forward of state.tokens[-1], if any
         while True:
             for index, token in enumerate(pending.committed):
                 state.tokens.append(token)
@@ -182,10 +190,24 @@ class Engine:
                 yield FinishEvent("length", stats, emitter.flush())
                 return
             source, num_draft = _plan_cycle(drafter, policies, depth, state.tokens, room - 1)
-            pending = run_cycle(self.target, drafter, state, config, num_draft)
+            pending, ahead = self._cycle(state, drafter, config, num_draft, ahead)
             if source in policies and num_draft > 0:
                 policies[source].update(pending.num_drafted, pending.num_accepted)
             _record(stats, pending)
+
+    def _cycle(
+        self,
+        state: SequenceState,
+        drafter: Drafter | None,
+        config: SamplerConfig,
+        num_draft: int,
+        ahead: Ahead | None,
+    ) -> tuple[CycleResult, Ahead | None]:
+        """One cycle; plain ones run a step ahead (see ``mtplx.speculative``) unless
+        penalties need the counts of each committed token first."""
+        if num_draft == 0 and not config.has_penalties:
+            return plain_cycle_ahead(self.target, drafter, state, config, ahead)
+        return run_cycle(self.target, drafter, state, config, num_draft, ahead), None
 
     def _prefill(
         self, state: SequenceState, drafter: Drafter | None, request: GenerationRequest
@@ -263,14 +285,16 @@ class Engine:
         scratch = GenerationRequest(prompt_ids=prompt, sampler=config)
         state.tokens.extend(self._prefill(state, drafter, scratch).committed)
         costs = []
+        ahead = None
         for depth in range(self.max_adaptive_depth + 1):
             samples = []
-            for _ in range(repeats + 1):
+            for _ in range(repeats + 2):
                 started = time.perf_counter()
-                result = run_cycle(self.target, drafter, state, config, depth)
+                result, ahead = self._cycle(state, drafter, config, depth, ahead)
                 samples.append(time.perf_counter() - started)
                 state.tokens.extend(result.committed)
-            costs.append(statistics.median(samples[1:]))
+            # the first cycle of a depth pays for the previous depth's queued work
+            costs.append(statistics.median(samples[2:]))
         return costs
 
 

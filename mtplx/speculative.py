@@ -4,6 +4,12 @@ A cycle with no draft tokens is plain decoding: the target forward over the last
 token alone, then a sample from p. With k draft tokens the target runs once over
 ``[last, d1 .. dk]``, the exact rule of ``mtplx.sampling`` accepts a prefix and emits the
 recovered or bonus token, and the target cache is rolled back past the rejected drafts.
+
+Plain cycles can run one step ahead (``plain_cycle_ahead``), as mlx-lm's generate loop does:
+the forward of the token being committed is queued (``mx.async_eval``) before that token is
+read, so building the next graph in Python overlaps the current compute. The queued forward
+(an ``Ahead``) then serves the next cycle: a plain one samples from it, a drafting one uses
+it as the first row of its verify and feeds only the draft tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +24,12 @@ import numpy as np
 from mtplx import cache as cache_ops
 from mtplx.drafters.base import Drafter, DraftSampler
 from mtplx.models.base import TargetModel
-from mtplx.sampling import SamplerConfig, mx_distribution_from_logits, mx_verify_draft_tokens
+from mtplx.sampling import (
+    SamplerConfig,
+    mx_distribution_from_logits,
+    mx_sample,
+    mx_verify_draft_tokens,
+)
 
 
 @dataclass
@@ -73,15 +84,72 @@ def position_counts(token_counts: mx.array | None, draft_tokens: mx.array) -> mx
     return token_counts[None] + earlier
 
 
+@dataclass
+class Ahead:
+    """The target forward of the newest committed token, already queued: its cache entry is
+    written and its outputs are being computed."""
+
+    logits: mx.array  # [1, 1, V]
+    hidden: mx.array  # [1, 1, H]
+    sample: mx.array  # [1] the plain-decoding draw of the next token from these logits
+
+
+def feed_ahead(
+    target: TargetModel,
+    state: SequenceState,
+    config: SamplerConfig,
+    token: mx.array,
+    index: int,
+) -> Ahead:
+    """Queue the target forward of ``token`` ([1] int32, may be lazy), the token at
+    ``index`` of the sequence, and the plain draw of the token after it (with the uniforms
+    ``run_cycle`` at depth 0 would use at index + 1). Needs no penalties."""
+    logits, hidden = target(token[None], state.cache)  # [1, 1, V], [1, 1, H]
+    probs = mx_distribution_from_logits(logits[0], config)  # [1, V]
+    sample = mx_sample(probs, cycle_uniforms(state.seed, index + 1, 0))
+    mx.async_eval(logits, hidden, sample)
+    return Ahead(logits, hidden, sample)
+
+
+def plain_cycle_ahead(
+    target: TargetModel,
+    drafter: Drafter | None,
+    state: SequenceState,
+    config: SamplerConfig,
+    ahead: Ahead | None,
+) -> tuple[CycleResult, Ahead]:
+    """A plain-decoding cycle that leaves the next forward queued. ``ahead``: the queued
+    forward of ``state.tokens[-1]`` (None: queue it now). Returns the cycle and the queued
+    forward of the token it committed. The token equals ``run_cycle``'s at depth 0; a
+    request that ends after it leaves one extra cache entry, which dies with the cache."""
+    if config.has_penalties:
+        raise ValueError("running ahead needs the penalty counts of an uncommitted token")
+    started = time.perf_counter()
+    last_index = len(state.tokens) - 1
+    if ahead is None:
+        last = mx.array([state.tokens[-1]], mx.int32)
+        ahead = feed_ahead(target, state, config, last, last_index)
+    token = ahead.sample.astype(mx.int32)
+    following = feed_ahead(target, state, config, token, last_index + 1)
+    committed = [int(token.item())]
+    verify_time = time.perf_counter() - started
+    if drafter is not None:
+        drafter.commit(committed, ahead.hidden if drafter.needs_hidden else None)
+    result = CycleResult(committed, 0, 0, ahead.logits[0], 0.0, verify_time)
+    return result, following
+
+
 def run_cycle(
     target: TargetModel,
     drafter: Drafter | None,
     state: SequenceState,
     config: SamplerConfig,
     num_draft: int,
+    ahead: Ahead | None = None,
 ) -> CycleResult:
     """Draft up to ``num_draft`` tokens, verify them in one target forward, commit the result
-    to ``state.cache`` and ``drafter``; ``state.tokens`` is left to the caller."""
+    to ``state.cache`` and ``drafter``; ``state.tokens`` is left to the caller. ``ahead``:
+    the queued forward of ``state.tokens[-1]``, whose logits become the verify's first row."""
     position = len(state.tokens)
     uniforms = cycle_uniforms(state.seed, position, num_draft)
     started = time.perf_counter()
@@ -100,8 +168,16 @@ def run_cycle(
 
     started = time.perf_counter()
     point = cache_ops.checkpoint(state.cache) if state.recurrent and num_drafted else None
-    inputs = mx.concatenate([mx.array([state.tokens[-1]], mx.int32), drafted])[None]
-    logits, hidden = target(inputs, state.cache)  # [1, k+1, V], [1, k+1, H]
+    if ahead is None:
+        inputs = mx.concatenate([mx.array([state.tokens[-1]], mx.int32), drafted])[None]
+        logits, hidden = target(inputs, state.cache)  # [1, k+1, V], [1, k+1, H]
+    else:
+        inputs = drafted[None]
+        logits, hidden = ahead.logits, ahead.hidden
+        if num_drafted:
+            more_logits, more_hidden = target(inputs, state.cache)  # [1, k, V], [1, k, H]
+            logits = mx.concatenate([logits, more_logits], axis=1)
+            hidden = mx.concatenate([hidden, more_hidden], axis=1)
     target_probs = mx_distribution_from_logits(
         logits[0], config, position_counts(state.token_counts, drafted)
     )
@@ -128,7 +204,9 @@ def run_cycle(
         else:
             # Recurrent state cannot be trimmed: restore it and re-run the accepted prefix.
             cache_ops.rollback(state.cache, point)
-            target(inputs[:, : num_accepted + 1], state.cache)
+            num_fed = num_accepted if ahead is not None else num_accepted + 1
+            if num_fed:
+                target(inputs[:, :num_fed], state.cache)
     verify_time = time.perf_counter() - started
     if drafter is not None:
         drafter.commit(committed, hidden[:, : num_accepted + 1] if drafter.needs_hidden else None)

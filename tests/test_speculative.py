@@ -18,7 +18,7 @@ from mtplx.engine import Engine
 from mtplx.models import LoadedModel, load, make_layer_skip_draft
 from mtplx.request import GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig, distribution_from_logits
-from mtplx.speculative import SequenceState, run_cycle
+from mtplx.speculative import SequenceState, plain_cycle_ahead, run_cycle
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head
 
@@ -313,3 +313,43 @@ def test_ngram_drafter_proposes_nothing_without_a_match() -> None:
     drafter = NgramDrafter()
     tokens, qs = drafter.propose([1, 2, 3], 3, DraftSampler(GREEDY, 10, mx.zeros(3)))
     assert tokens == [] and qs == []
+
+
+@pytest.mark.parametrize(
+    "config", [GREEDY, SamplerConfig(temperature=0.9, top_p=0.95, seed=3)], ids=["greedy", "T=0.9"]
+)
+def test_running_ahead_commits_what_plain_cycles_commit(
+    model: LoadedModel, config: SamplerConfig
+) -> None:
+    """Plain cycles that queue the next forward, and drafting cycles that verify from that
+    queued forward, commit the same tokens as cycles that do not run ahead, and leave the
+    target cache and the drafter answering the same."""
+    prompt = [7, 3, 9, 12, 4]
+    schedule = [0, 0, 2, 0, 0, 0, 3, 1, 0, 0, 2, 0, 0]
+    runs = []
+    for run_ahead in (False, True):
+        drafter = MTPDrafter(model)
+        drafter.reset(prompt)
+        state = SequenceState(list(prompt), len(prompt), model.target.make_cache(), seed=3)
+        _, hidden = model.target(mx.array(prompt[:-1], mx.int32)[None], state.cache)
+        drafter.commit(prompt[1:], hidden)
+        ahead = None
+        for depth in schedule:
+            if run_ahead and depth == 0:
+                result, ahead = plain_cycle_ahead(model.target, drafter, state, config, ahead)
+            else:
+                result = run_cycle(model.target, drafter, state, config, depth, ahead)
+                ahead = None
+            state.tokens.extend(result.committed)
+        if ahead is None:
+            last = mx.array([state.tokens[-1:]], mx.int32)
+            next_logits = model.target(last, state.cache)[0]
+        else:
+            next_logits = ahead.logits
+        greedy = lambda k: DraftSampler(GREEDY, model.target.vocab_size, mx.zeros(k))  # noqa: E731
+        drafts = [int(t.item()) for t in drafter.propose(state.tokens, 2, greedy(2))[0]]
+        runs.append((state.tokens, np.array(next_logits[0, -1]), drafts))
+    (tokens, logits, drafts), (tokens_ahead, logits_ahead, drafts_ahead) = runs
+    assert tokens_ahead == tokens
+    np.testing.assert_array_equal(logits_ahead, logits)
+    assert drafts_ahead == drafts
