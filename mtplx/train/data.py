@@ -11,10 +11,13 @@ post-final-norm hidden state (float16) and the target's top-k next-token probabi
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import random
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +87,39 @@ class Generated:
     top_ids: list[np.ndarray]  # per sequence: int32 [L, K]
     top_probs: list[np.ndarray]  # per sequence: float16 [L, K]
 
+    def extend(self, other: Generated) -> None:
+        """Append ``other``'s sequences."""
+        for name in ("seqs", "starts", "hidden", "top_ids", "top_probs"):
+            getattr(self, name).extend(getattr(other, name))
+
+    def save(self, path: Path) -> None:
+        """One .npz (written to a temporary name, then renamed: a shard is whole or absent)."""
+        lengths = np.array([len(s) for s in self.seqs], np.int64)
+        temporary = path.with_suffix(".tmp.npz")
+        np.savez(
+            temporary,
+            tokens=np.concatenate([np.asarray(s, np.int32) for s in self.seqs]),
+            lengths=lengths,
+            starts=np.asarray(self.starts, np.int32),
+            hidden=np.concatenate(self.hidden),
+            top_ids=np.concatenate(self.top_ids),
+            top_probs=np.concatenate(self.top_probs),
+        )
+        temporary.rename(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Generated:
+        with np.load(path) as f:
+            bounds = np.concatenate([[0], np.cumsum(f["lengths"])])
+            pieces = [slice(a, b) for a, b in itertools.pairwise(bounds)]
+            return cls(
+                [f["tokens"][p].tolist() for p in pieces],
+                f["starts"].tolist(),
+                [f["hidden"][p] for p in pieces],
+                [f["top_ids"][p] for p in pieces],
+                [f["top_probs"][p] for p in pieces],
+            )
+
 
 def _top_k(logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
     """logits [..., V] -> (ids [..., k] int32, softmax probabilities [..., k] float32)."""
@@ -130,6 +166,8 @@ def generate_with_teacher(
     batch_size: int = 64,
     top_k: int = 32,
     prompt_context: int = 16,
+    first_batch: int = 0,
+    on_batch: Callable[[int, Generated], None] | None = None,
 ) -> Generated:
     """The target's answers to ``prompts`` (``rounds`` passes; entry (i, r) is greedy when
     i + r is even, else sampled at ``temperature`` / ``top_p``), generated in left-padded
@@ -138,21 +176,24 @@ def generate_with_teacher(
     second teacher pass is needed. A sequence keeps the last ``prompt_context`` prompt tokens
     (their hidden states still saw the whole prompt) and every answer token whose hidden state
     was computed (all but the last). Stops at ``deadline`` (``time.monotonic()``) after the
-    batch in flight."""
+    batch in flight. Batch b draws its samples from its own seeded stream, so generation can
+    resume at ``first_batch`` and give what one uninterrupted run gives; ``on_batch(b, data)``
+    sees each finished batch (to save it)."""
     from mlx_lm.models.cache import BatchKVCache
 
-    rng = np.random.default_rng(seed)
     trunk = model.target.trunk
     stop_ids = set(model.eos_token_ids)
     prompt_ids = [chat_prompt_ids(model.tokenizer, p.text) for p in prompts]
     entries = [(i, r) for r in range(rounds) for i in range(len(prompts))]
     out = Generated([], [], [], [], [])
     produced, started = 0, time.monotonic()
-    for first in range(0, len(entries), batch_size):
+    for index in range(first_batch, math.ceil(len(entries) / batch_size)):
         if deadline is not None and time.monotonic() > deadline:
             logger.info("generation deadline reached after %d tokens", produced)
             break
-        batch = entries[first : first + batch_size]
+        rng = np.random.default_rng([seed, index])
+        batch = entries[index * batch_size : (index + 1) * batch_size]
+        done = Generated([], [], [], [], [])
         rows = [prompt_ids[i] for i, _ in batch]
         greedy = np.array([(i + r) % 2 == 0 for i, r in batch])
         longest = max(len(r) for r in rows)
@@ -204,12 +245,15 @@ def generate_with_teacher(
             if len(answer) < 8:
                 continue
             sequence = prompt_ids[i][-n:] + answer[:-1]  # the last token has no hidden state
-            out.seqs.append(sequence)
-            out.starts.append(n)
-            out.hidden.append(np.concatenate(h))
-            out.top_ids.append(np.concatenate(t))
-            out.top_probs.append(np.concatenate(q))
-            assert len(out.hidden[-1]) == len(sequence)
+            done.seqs.append(sequence)
+            done.starts.append(n)
+            done.hidden.append(np.concatenate(h))
+            done.top_ids.append(np.concatenate(t))
+            done.top_probs.append(np.concatenate(q))
+            assert len(done.hidden[-1]) == len(sequence)
+        if on_batch is not None:
+            on_batch(index, done)
+        out.extend(done)
         rate = produced / (time.monotonic() - started)
         logger.info("generated %d tokens, %d sequences (%.0f tok/s)", produced, len(out.seqs), rate)
     return out

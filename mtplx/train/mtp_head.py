@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -44,39 +45,56 @@ def prepare_data(
     top_k: int,
 ) -> tuple[data_mod.Sequences, data_mod.Teacher, dict[str, float]]:
     """Stage 1 (cached in ``out/data``): sequences and the teacher's view of them (captured
-    while generating the chat answers; one teacher pass over the local text)."""
-    folder = out / "data"
-    folder.mkdir(parents=True, exist_ok=True)
+    while generating the chat answers; one teacher pass over the local text).
+
+    Chat answers are saved batch by batch (``data/chat/batches-FIRST-LAST.npz``); a rerun
+    resumes after the last saved batch for another ``gen_minutes``, and reuses the assembled
+    ``sequences.npz`` / ``teacher.npz`` when no batch was added."""
+    folder, chat_folder = out / "data", out / "data" / "chat"
+    chat_folder.mkdir(parents=True, exist_ok=True)
     seq_path, teacher_path = folder / "sequences.npz", folder / "teacher.npz"
-    info_path = folder / "info.json"
-    if seq_path.exists() and teacher_path.exists():
+    text_path, info_path = folder / "text_teacher.npz", folder / "info.json"
+    info: dict[str, Any] = json.loads(info_path.read_text()) if info_path.exists() else {}
+
+    def shards() -> list[Path]:
+        return sorted(chat_folder.glob("batches-*.npz"))
+
+    done = max((int(p.stem.split("-")[2]) for p in shards()), default=-1)
+    train_prompts, _ = build_prompts(seed, num_train=num_prompts)
+    started = time.monotonic()
+    data_mod.generate_with_teacher(
+        model,
+        train_prompts,
+        seed=seed,
+        rounds=rounds,
+        max_tokens=max_answer_tokens,
+        deadline=started + 60 * gen_minutes,
+        batch_size=batch_size,
+        top_k=top_k,
+        first_batch=done + 1,
+        on_batch=lambda b, data: data.save(chat_folder / f"batches-{b:05d}-{b:05d}.npz"),
+    )
+    names = [p.name for p in shards()]
+    if seq_path.exists() and teacher_path.exists() and info.get("chat_shards") == names:
         seqs = data_mod.Sequences.load(seq_path)
         teacher = data_mod.Teacher.load(teacher_path)
-        info: dict[str, float] = json.loads(info_path.read_text())
     else:
-        info = {}
-        train_prompts, _ = build_prompts(seed, num_train=num_prompts)
-        started = time.monotonic()
-        chat = data_mod.generate_with_teacher(
-            model,
-            train_prompts,
-            seed=seed,
-            rounds=rounds,
-            max_tokens=max_answer_tokens,
-            deadline=started + 60 * gen_minutes,
-            batch_size=batch_size,
-            top_k=top_k,
+        info["generation_seconds"] = info.get("generation_seconds", 0.0) + (
+            time.monotonic() - started
         )
-        info["generation_seconds"] = time.monotonic() - started
-        info["generated_tokens"] = float(
-            sum(len(s) - a + 1 for s, a in zip(chat.seqs, chat.starts, strict=True))
-        )
+        chat = data_mod.Generated([], [], [], [], [])
+        for path in shards():
+            chat.extend(data_mod.Generated.load(path))
         text = data_mod.local_text_chunks(model.tokenizer, max_tokens=text_tokens, seed=seed)
-        started = time.monotonic()
-        text_teacher = data_mod.teacher_pass(
-            model, data_mod.Sequences.build(text, [1] * len(text), [0] * len(text)), top_k=top_k
-        )
-        info["teacher_seconds"] = time.monotonic() - started
+        text_seqs = data_mod.Sequences.build(text, [1] * len(text), [0] * len(text))
+        if text_path.exists():
+            text_teacher = data_mod.Teacher.load(text_path)
+        else:
+            text_started = time.monotonic()
+            text_teacher = data_mod.teacher_pass(model, text_seqs, top_k=top_k)
+            info["teacher_seconds"] = time.monotonic() - text_started
+            text_teacher.save(text_path.with_suffix(".tmp.npz"))
+            text_path.with_suffix(".tmp.npz").rename(text_path)
         seqs = data_mod.Sequences.build(
             chat.seqs + text, [0] * len(chat.seqs) + [1] * len(text), chat.starts + [0] * len(text)
         )
@@ -88,6 +106,10 @@ def prepare_data(
         for obj, path in ((seqs, seq_path), (teacher, teacher_path)):
             obj.save(path.with_suffix(".tmp.npz"))
             path.with_suffix(".tmp.npz").rename(path)
+        info["generated_tokens"] = float(
+            sum(len(s) - a + 1 for s, a in zip(chat.seqs, chat.starts, strict=True))
+        )
+        info["chat_shards"] = names
         info_path.write_text(json.dumps(info, indent=2))
     info["tokens"] = float(len(seqs.tokens))
     info["unique_tokens"] = float(len(np.unique(seqs.tokens)))
@@ -102,7 +124,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=60.0, help="total wall-clock budget")
     p.add_argument("--model", default=None, help="target checkpoint (default: SmolLM2-135M)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gen-minutes", type=float, default=None, help="default: 40%% of budget")
+    p.add_argument(
+        "--gen-minutes",
+        type=float,
+        default=None,
+        help="generation minutes in this run (default: 40%% of budget); a rerun resumes "
+        "after the batches already saved",
+    )
     p.add_argument("--num-prompts", type=int, default=1748, help="training prompts (max 1748)")
     p.add_argument("--rounds", type=int, default=2, help="answers per prompt (greedy/sampled)")
     p.add_argument("--max-answer-tokens", type=int, default=192)

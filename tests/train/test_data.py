@@ -96,3 +96,17 @@ def test_choose_samples_the_tempered_nucleus() -> None:
     expected = np.where(keep, tempered, 0) / tempered[keep].sum()
     counts = np.array([(picked[10:] == t).mean() for t in (7, 9, 5, 11)])
     np.testing.assert_allclose(counts, expected, atol=0.01)
+
+
+def test_generation_resumes_at_a_batch_as_one_run_gives(model: LoadedModel) -> None:
+    prompts, _ = build_prompts(0)
+    per_batch: dict[int, list[list[int]]] = {}
+    settings = dict(seed=0, rounds=2, max_tokens=12, batch_size=3, top_k=8, temperature=1.0)
+    whole = generate_with_teacher(
+        model, prompts[:4], on_batch=lambda b, d: per_batch.__setitem__(b, d.seqs), **settings
+    )
+    assert sorted(per_batch) == [0, 1, 2]
+    resumed = generate_with_teacher(model, prompts[:4], first_batch=1, **settings)
+    assert resumed.seqs == per_batch[1] + per_batch[2]
+    assert whole.seqs == per_batch[0] + resumed.seqs
+    assert len({tuple(s) for s in whole.seqs}) > 4  # sampled rows differ from greedy ones
