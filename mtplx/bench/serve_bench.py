@@ -4,6 +4,11 @@ At each concurrency level c, c clients each send requests back to back (the leve
 ``requests`` spread over them) as streaming chat completions, and the level reports
 aggregate completion tokens/s (usage tokens over the level's wall time), time to first
 content chunk and request latency (p50 / p99), and errors. Needs only httpx.
+
+The HTTP path's share: each reply's ``"mtplx"`` block says how long the engine worked on it
+(prefill + draft + verify seconds); ``http_efficiency`` is that engine time over the client's
+latency, summed over a level's requests, i.e. streamed tokens/s over the engine's own tokens/s
+for the same requests (at concurrency 1; above it latency includes queueing).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class RequestResult:
     ttft: float = math.nan
     latency: float = math.nan
     tokens: int = 0
+    engine_s: float = math.nan  # the engine's prefill + draft + verify seconds
     error: str | None = None
 
 
@@ -46,6 +52,8 @@ class LevelResult:
     ttft_p99: float
     latency_p50: float
     latency_p99: float
+    engine_tokens_per_s: float = math.nan
+    http_efficiency: float = math.nan
     error_samples: list[str] = field(default_factory=list)
 
 
@@ -81,6 +89,9 @@ async def stream_one(client: httpx.AsyncClient, body: dict[str, Any]) -> Request
                         result.ttft = time.perf_counter() - started
                 if chunk.get("usage"):
                     result.tokens = int(chunk["usage"].get("completion_tokens", 0))
+                engine = chunk.get("mtplx") or {}
+                if "verify_s" in engine:
+                    result.engine_s = sum(engine[k] for k in ("prefill_s", "draft_s", "verify_s"))
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:200]
     result.latency = time.perf_counter() - started
@@ -105,6 +116,8 @@ async def run_level(
     wall = time.perf_counter() - started
     ok = [r for r in results if r.error is None]
     tokens = sum(r.tokens for r in ok)
+    engine_s = sum(r.engine_s for r in ok)  # nan when a reply lacked the mtplx block
+    latency_s = sum(r.latency for r in ok)
     return LevelResult(
         concurrency=concurrency,
         requests=len(results),
@@ -116,6 +129,8 @@ async def run_level(
         ttft_p99=percentile([r.ttft for r in ok], 99),
         latency_p50=percentile([r.latency for r in ok], 50),
         latency_p99=percentile([r.latency for r in ok], 99),
+        engine_tokens_per_s=tokens / engine_s if engine_s > 0 else math.nan,
+        http_efficiency=engine_s / latency_s if latency_s > 0 else math.nan,
         error_samples=[r.error for r in results if r.error][:3],
     )
 
@@ -162,14 +177,15 @@ def markdown(levels: list[LevelResult], base_url: str) -> str:
         f"# mtplx bench-serve — {base_url}",
         "",
         "| concurrency | requests | errors | tok/s | TTFT p50 ms | TTFT p99 ms "
-        "| latency p50 s | latency p99 s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| latency p50 s | latency p99 s | engine tok/s | HTTP / engine |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lv in levels:
         lines.append(
             f"| {lv.concurrency} | {lv.requests} | {lv.errors} | {lv.tokens_per_s:.1f} "
             f"| {lv.ttft_p50 * 1e3:.0f} | {lv.ttft_p99 * 1e3:.0f} "
-            f"| {lv.latency_p50:.2f} | {lv.latency_p99:.2f} |"
+            f"| {lv.latency_p50:.2f} | {lv.latency_p99:.2f} "
+            f"| {lv.engine_tokens_per_s:.1f} | {lv.http_efficiency:.1%} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -34,5 +34,7 @@ async def test_bench_serve_levels(app) -> None:
         assert level.tokens == 4 * 5
         assert level.tokens_per_s > 0
         assert level.ttft_p50 <= level.latency_p50
+        # the engine's seconds come from each reply's mtplx block, and fit inside its latency
+        assert 0.0 <= level.http_efficiency <= 1.0
     table = markdown(levels, "http://test")
     assert "| concurrency |" in table and "| 4 | 4 | 0 |" in table
