@@ -109,16 +109,18 @@ class Generated:
 
     @classmethod
     def load(cls, path: Path) -> Generated:
-        with np.load(path) as f:
-            bounds = np.concatenate([[0], np.cumsum(f["lengths"])])
-            pieces = [slice(a, b) for a, b in itertools.pairwise(bounds)]
-            return cls(
-                [f["tokens"][p].tolist() for p in pieces],
-                f["starts"].tolist(),
-                [f["hidden"][p] for p in pieces],
-                [f["top_ids"][p] for p in pieces],
-                [f["top_probs"][p] for p in pieces],
-            )
+        with np.load(path) as f:  # each f[name] reads the array again: read each once
+            tokens, lengths, starts = f["tokens"], f["lengths"], f["starts"]
+            hidden, top_ids, top_probs = f["hidden"], f["top_ids"], f["top_probs"]
+        bounds = np.concatenate([[0], np.cumsum(lengths)])
+        pieces = [slice(a, b) for a, b in itertools.pairwise(bounds)]
+        return cls(
+            [tokens[p].tolist() for p in pieces],
+            starts.tolist(),
+            [hidden[p] for p in pieces],
+            [top_ids[p] for p in pieces],
+            [top_probs[p] for p in pieces],
+        )
 
 
 def _top_k(logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
