@@ -267,3 +267,17 @@ def test_reduced_draft_vocabulary_keeps_greedy_exact(llama_draft_vocab_checkpoin
         for depth in (1, 3):
             request = GenerationRequest(prompt, GREEDY, 48, drafter="mtp", depth=depth)
             assert generate(engine, request)[0] == plain
+
+
+def test_cycle_costs_are_measured_once_per_source_and_kind_of_sampling(
+    llama_engine: Engine,
+) -> None:
+    greedy = llama_engine.cycle_costs("mtp", GREEDY)
+    assert len(greedy) == llama_engine.max_adaptive_depth + 1
+    assert all(cost > 0 for cost in greedy)
+    # a drafting cycle is charged at least a plain cycle (it breaks the run-ahead)
+    assert all(cost >= greedy[0] for cost in greedy[1:])
+    assert llama_engine.cycle_costs("mtp", SamplerConfig(temperature=0.0, seed=9)) is greedy
+    sampled = llama_engine.cycle_costs("mtp", SamplerConfig(temperature=0.7, top_k=5))
+    assert sampled is not greedy
+    assert llama_engine.cycle_costs("ngram", GREEDY) is not greedy
