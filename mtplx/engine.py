@@ -254,6 +254,18 @@ class Engine:
 
     # -- cost calibration for the adaptive depth policy --------------------------------------
 
+    def warm_up(
+        self, configs: tuple[SamplerConfig, ...] = (SamplerConfig(temperature=0.0), SamplerConfig())
+    ) -> None:
+        """Measure the adaptive policy's cycle costs for the default drafter under
+        ``configs`` (greedy and the OpenAI default sampling), so that requests do not wait
+        for it. Other kinds of sampling are measured when first used."""
+        if self.default_depth is not None:
+            return
+        for source in _sources(self._drafters[self.default_drafter]):
+            for config in configs:
+                self.cycle_costs(source, config)
+
     def cycle_costs(self, source: str, config: SamplerConfig) -> list[float]:
         """Seconds of one cycle at depth 0..max_adaptive_depth drafting from ``source``
         under ``config``'s kind of sampling (greedy or not, which filters, penalties),

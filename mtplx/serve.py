@@ -169,12 +169,14 @@ def engine_factory(
         draft = make_layer_skip_draft(loaded, draft_layers) if draft_layers else None
         if drafter != "auto":
             _check_drafter_available(drafter, path, bool(loaded.mtp_heads), draft is not None)
-        return Engine(
+        engine = Engine(
             loaded,
             default_drafter=None if drafter == "auto" else drafter,
             default_depth=depth,
             draft_model=draft,
         )
+        engine.warm_up()  # while /health says loading, not in the first request
+        return engine
 
     return build
 

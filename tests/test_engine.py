@@ -281,3 +281,13 @@ def test_cycle_costs_are_measured_once_per_source_and_kind_of_sampling(
     sampled = llama_engine.cycle_costs("mtp", SamplerConfig(temperature=0.7, top_k=5))
     assert sampled is not greedy
     assert llama_engine.cycle_costs("ngram", GREEDY) is not greedy
+
+
+def test_warm_up_measures_the_default_drafters_costs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    engine = load_fixture("llama_mtp", tmp_path_factory.mktemp("warm"))
+    assert engine.default_drafter == "mtp+ngram" and not engine._cycle_costs
+    engine.warm_up()
+    assert {source for source, _ in engine._cycle_costs} == {"mtp", "ngram"}
+    assert len(engine._cycle_costs) == 4  # greedy and default sampling for each source

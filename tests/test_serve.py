@@ -23,6 +23,9 @@ def fake_engine_modules(monkeypatch):
             calls["engine"] = (loaded.path, default_drafter, default_depth)
             super().__init__(default_drafter=default_drafter, default_depth=default_depth)
 
+        def warm_up(self):
+            calls["warm_up"] = True
+
     engine_module = types.ModuleType("mtplx.engine")
     engine_module.Engine = Engine
     monkeypatch.setitem(sys.modules, "mtplx.engine", engine_module)
@@ -41,6 +44,7 @@ def test_engine_factory_builds_engine_lazily(fake_engine_modules):
     engine = build()
     assert fake_engine_modules["engine"] == ("loaded:/ckpt", "ngram", 4)
     assert engine.default_drafter == "ngram"
+    assert fake_engine_modules["warm_up"]  # cycle costs are measured before serving
 
 
 def test_missing_default_model_fails_clearly(monkeypatch):
