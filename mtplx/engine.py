@@ -287,7 +287,8 @@ class Engine:
     ) -> list[float]:
         """Time whole cycles (draft, verify forward, the exact rule, host syncs, commits) at
         each depth on a scratch sequence whose text repeats, so lookup always proposes."""
-        # Plain cycles are timed in a queued steady state; see the pairs below for depth > 0.
+        # Plain cycles are timed in a queued steady state; drafting ones with the plain
+        # cycles that restore it (below).
         drafter = self._drafters[source]
         prompt = [(7 + i % 8) % self.vocab_size for i in range(32)]
         state = SequenceState(

@@ -401,7 +401,7 @@ def mx_apply_top_p_top_k(
         kept = mx.where(keep, probs, 0.0)
         kept = kept / mx.sum(kept, axis=-1, keepdims=True)
         if use_top_k:
-            largest = mx.partition(kept, vocab_size - top_k, axis=-1)[..., vocab_size - top_k :]
+            largest = mx.partition(kept, split, axis=-1)[..., split:]
             descending = mx.sort(largest, axis=-1)[..., ::-1]
         else:
             descending = mx.sort(kept, axis=-1)[..., ::-1]

@@ -335,9 +335,7 @@ def teacher_pass(
             s = seqs.get(j)
             batch[row, : len(s)] = s
         h = target.trunk.inner(mx.array(batch), None)
-        logits = target.trunk.lm_head(h)
-        ids = mx.argpartition(-logits, top_k - 1, axis=-1)[..., :top_k]
-        probs = mx.take_along_axis(mx.softmax(logits, axis=-1), ids, axis=-1)
+        ids, probs = _top_k(target.trunk.lm_head(h), top_k)
         mx.eval(h, ids, probs)
         h_np, ids_np, p_np = np.array(h.astype(mx.float16)), np.array(ids), np.array(probs)
         for row, j in enumerate(group):
