@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow serve bench lint format clean
+.PHONY: install install-llamacpp test test-slow serve bench lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ serve: $(STAMP)
 # A quick benchmark on the default model (a few minutes on 2 CPU cores); results/bench-*/.
 bench: $(STAMP)
 	$(BIN)/mtplx bench --quick $(ARGS)
+
+# Optional: llama.cpp as a peer in `mtplx bench` (llamacpp-* rows). Compiled from source:
+# about 10-20 minutes on 2 cores.
+install-llamacpp: $(STAMP)
+	CMAKE_ARGS="-DLLAMA_CURL=OFF" $(BIN)/python -m pip install llama-cpp-python==0.3.36
 
 lint: $(STAMP)
 	$(BIN)/ruff check mtplx server tests

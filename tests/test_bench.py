@@ -141,3 +141,85 @@ def test_bench_end_to_end(fixture_model: Path, tmp_path: Path) -> None:
     assert "mlxlm-spec@2" in md and "## Bars" in md
     assert (out / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len((out / "records.jsonl").read_text().splitlines()) == 64
+
+
+class FakeLlama:
+    """What run_llamacpp uses of llama_cpp.Llama: set_seed and an endless generate."""
+
+    def __init__(self) -> None:
+        self.seed: int | None = None
+        self.kwargs: dict[str, object] = {}
+
+    def set_seed(self, seed: int) -> None:
+        self.seed = seed
+
+    def generate(self, tokens: list[int], **kwargs: object):
+        self.kwargs = {"tokens": list(tokens), **kwargs}
+        token = 0
+        while True:  # like llama.cpp's: never stops on its own, EOS included
+            token += 1
+            yield token
+
+
+def test_llamacpp_run_decodes_max_tokens_with_our_sampler() -> None:
+    from mtplx.bench.backends import run_llamacpp
+    from mtplx.sampling import SamplerConfig
+
+    llm = FakeLlama()
+    sampler = SamplerConfig(temperature=0.6, top_p=0.95, top_k=20, seed=7)
+    result = run_llamacpp(llm, [5, 6, 7], sampler, max_tokens=5)
+    assert result.token_ids == [1, 2, 3, 4, 5]
+    assert result.tokens == 5 and result.decode_time >= 0.0 and result.ttft >= 0.0
+    assert llm.seed == 7
+    assert llm.kwargs == {
+        "tokens": [5, 6, 7], "temp": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
+        "repeat_penalty": 1.0, "reset": True,
+    }  # fmt: skip
+    greedy = run_llamacpp(llm, [5], SamplerConfig(temperature=0.0), max_tokens=1)
+    assert greedy.token_ids == [1] and llm.kwargs["temp"] == 0.0
+
+
+def test_llamacpp_models_come_from_the_source_gguf(tmp_path: Path, monkeypatch) -> None:
+    import gguf
+
+    from mtplx.bench import runner
+    from tests.test_gguf import write_tiny_gguf
+
+    native = tmp_path / "tiny.gguf"
+    write_tiny_gguf(native)
+    model_dir = tmp_path / "models" / "tiny"
+    model_dir.mkdir(parents=True)
+    config = runner.BenchConfig(model=str(model_dir))
+    real_find_spec = runner.importlib.util.find_spec
+    monkeypatch.setattr(
+        runner.importlib.util,
+        "find_spec",
+        lambda name: object() if name == "llama_cpp" else real_find_spec(name),
+    )
+    assert runner.llamacpp_ggufs(config) == {}  # no GGUF source known
+    (model_dir / "mtplx_source.json").write_text(json.dumps({"gguf": str(native)}))
+    ggufs = runner.llamacpp_ggufs(config)
+    assert ggufs == {"native": native, "f32": tmp_path / "models" / "tiny.f32.gguf"}
+    tensors = gguf.GGUFReader(str(ggufs["f32"])).tensors
+    assert {t.tensor_type for t in tensors} == {gguf.GGMLQuantizationType.F32}
+    written = ggufs["f32"].stat().st_mtime_ns
+    assert runner.llamacpp_ggufs(config) == ggufs and ggufs["f32"].stat().st_mtime_ns == written
+    monkeypatch.setattr(runner.importlib.util, "find_spec", lambda name: None)
+    assert runner.llamacpp_ggufs(config) == {}  # llama-cpp-python not installed
+
+
+def test_llamacpp_modes_follow_the_available_models(fixture_model: Path) -> None:
+    from mtplx.bench.runner import BenchConfig, expand_modes
+    from mtplx.engine import Engine
+    from mtplx.models import load
+
+    engine = Engine(load(str(fixture_model)))
+    config = BenchConfig(model=str(fixture_model), modes=("plain", "llamacpp"))
+    ggufs = {"native": Path("a.gguf"), "f32": Path("a.f32.gguf")}
+    modes = expand_modes(config, engine, ggufs)
+    assert [(m.name, m.backend, m.gguf) for m in modes] == [
+        ("plain", "ours", None),
+        ("llamacpp-native", "llamacpp", "native"),
+        ("llamacpp-f32", "llamacpp", "f32"),
+    ]
+    assert [m.name for m in expand_modes(config, engine, {})] == ["plain"]

@@ -153,6 +153,24 @@ def test_weights_round_trip_including_the_rope_permutation(tiny) -> None:
         np.testing.assert_array_equal(got[name], value, err_msg=name)
 
 
+def test_f32_copy_holds_the_same_weights_and_metadata(tiny, tmp_path: Path) -> None:
+    src, _, expected = tiny
+    copy = conv.write_f32_gguf(src, tmp_path / "tiny-f32.gguf")
+    original, reader = gguf.GGUFReader(str(src)), gguf.GGUFReader(str(copy))
+    assert {t.tensor_type for t in reader.tensors} == {gguf.GGMLQuantizationType.F32}
+    assert [t.name for t in reader.tensors] == [t.name for t in original.tensors]
+    file_type = reader.fields[gguf.Keys.General.FILE_TYPE].contents()
+    assert file_type == gguf.LlamaFileType.ALL_F32
+    for name, field in original.fields.items():
+        if not name.startswith("GGUF.") and name != gguf.Keys.General.FILE_TYPE:
+            assert reader.fields[name].contents() == field.contents(), name
+    # Converted, it is the checkpoint the quantized original gives, bit for bit.
+    got = load_file(str(conv.convert_gguf(copy, tmp_path / "out") / "model.safetensors"))
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
 def test_unpermute_inverts_llama_cpp_permute() -> None:
     w = np.arange(4 * 16 * 3, dtype=np.float32).reshape(4 * 16, 3)
     np.testing.assert_array_equal(conv.unpermute_rope_rows(llama_cpp_permute(w, 4), 4), w)

@@ -1,16 +1,20 @@
-"""The two things the benchmark times: our engine, and mlx-lm's own ``stream_generate``
-(plain, and speculative with the same layer-skip draft model wrapped as an mlx-lm model).
+"""What the benchmark times: our engine; mlx-lm's own ``stream_generate`` (plain, and
+speculative with the same layer-skip draft model wrapped as an mlx-lm model); and, where
+llama-cpp-python is installed (``make install-llamacpp``), llama.cpp on the model's GGUF and
+on a float32 copy of it (equal precision with our float32 checkpoint).
 
-Both are timed the same way: time to first token from the call, then decode tokens/s over
+All are timed the same way: time to first token from the call, then decode tokens/s over
 the tokens after the first (time from the first token to the last).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -27,12 +31,14 @@ from mtplx.sampling import SamplerConfig
 @dataclass(frozen=True)
 class Mode:
     """One benchmarked configuration. ``backend`` "ours" runs the engine with ``drafter`` /
-    ``depth`` (None = adaptive); "mlxlm" runs stream_generate, speculative when depth > 0."""
+    ``depth`` (None = adaptive); "mlxlm" runs stream_generate, speculative when depth > 0;
+    "llamacpp" runs llama.cpp on the GGUF named by ``gguf`` ("native" or "f32")."""
 
     name: str
     backend: str
     drafter: str | None = None
     depth: int | None = 0
+    gguf: str | None = None
 
 
 @dataclass
@@ -209,3 +215,42 @@ def _count_cycles(result: RunResult, from_draft: list[bool], depth: int) -> None
         run = 0
     result.accepted_per_position = accepted
     result.drafted_per_position = drafted
+
+
+def load_llamacpp(gguf_path: Path, n_ctx: int) -> Any:
+    """llama-cpp-python's ``Llama`` on ``gguf_path``, CPU threads = our CPU count (MLX's
+    OpenBLAS uses them all too). Raises ImportError where llama-cpp-python is missing."""
+    from llama_cpp import Llama
+
+    return Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=os.cpu_count(), verbose=False)
+
+
+def run_llamacpp(
+    llm: Any, prompt_ids: list[int], sampler: SamplerConfig, max_tokens: int
+) -> RunResult:
+    """One generation with llama.cpp (``Llama.generate``, which decodes past EOS) on the
+    same prompt ids: greedy at temperature 0, else its sampler chain with the same
+    temperature / top-p / top-k and min-p and the repeat penalty off."""
+    if sampler.seed is not None:
+        llm.set_seed(sampler.seed)
+    token_ids: list[int] = []
+    first = last = 0.0
+    started = time.perf_counter()
+    for token in llm.generate(
+        prompt_ids,
+        temp=sampler.temperature,
+        top_p=sampler.top_p,
+        top_k=sampler.top_k,
+        min_p=0.0,
+        repeat_penalty=1.0,
+        reset=True,
+    ):
+        last = time.perf_counter()
+        if not token_ids:
+            first = last
+        token_ids.append(int(token))
+        if len(token_ids) >= max_tokens:
+            break
+    return RunResult(
+        tokens=len(token_ids), ttft=first - started, decode_time=last - first, token_ids=token_ids
+    )

