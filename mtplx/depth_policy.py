@@ -11,6 +11,7 @@ same schedule (and output) in the same process.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
@@ -24,6 +25,7 @@ class AdaptiveDepth:
         prior_weight: float = 4.0,
         decay: float = 0.97,
         probe_interval: int = 16,
+        probe_budget: float = 0.02,
     ) -> None:
         if len(cycle_cost) < 1 or any(c <= 0 for c in cycle_cost):
             raise ValueError("cycle_cost needs a positive cost for depth 0 and up")
@@ -32,11 +34,12 @@ class AdaptiveDepth:
         self.prior_acceptance = prior_acceptance
         self.prior_weight = prior_weight
         self.decay = decay
-        self.probe_interval = probe_interval
+        self.probe_interval = probe_interval  # the fewest plain cycles between probes
+        self.probe_budget = probe_budget  # the share of decode time probes may lose
         # Decayed counts per draft position: how often it was tested and accepted.
         self.tested = [0.0] * self.max_depth
         self.accepted = [0.0] * self.max_depth
-        self.plain_cycles = 0
+        self.plain_cycles = 0  # since the last probe
 
     def acceptance(self, position: int) -> float:
         """Estimated acceptance of draft position ``position`` (0-based) given the earlier
@@ -61,9 +64,24 @@ class AdaptiveDepth:
         best = max(range(max_depth + 1), key=rates.__getitem__)
         if best == 0 and max_depth > 0:
             self.plain_cycles += 1
-            if self.plain_cycles % self.probe_interval == 0:
+            interval = self.plain_cycles_per_probe()
+            if interval is not None and self.plain_cycles >= interval:
+                self.plain_cycles = 0
                 return 1  # keep measuring, so a drafter that starts to pay is noticed
         return best
+
+    def plain_cycles_per_probe(self) -> int | None:
+        """How many plain cycles pass between depth-1 probes: at least ``probe_interval``,
+        and as many as it takes for a probe's expected loss (its cost over plain decoding's
+        cost for the tokens it is expected to commit) to stay within ``probe_budget`` of the
+        decode time. None: no probing, since no depth would pay even if every draft token
+        were accepted."""
+        plain = self.cycle_cost[0]
+        depths = range(1, self.max_depth + 1)
+        if all((k + 1) / self.cycle_cost[k] <= 1 / plain for k in depths):
+            return None
+        loss = self.cycle_cost[1] - plain * self.expected_tokens(1)
+        return max(self.probe_interval, math.ceil(loss / (self.probe_budget * plain)))
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         """Record a cycle: positions 0..num_accepted were tested, 0..num_accepted-1 passed."""

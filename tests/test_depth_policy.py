@@ -66,3 +66,22 @@ def test_expected_tokens_formula() -> None:
 def test_invalid_costs_rejected() -> None:
     with pytest.raises(ValueError, match="cycle_cost"):
         AdaptiveDepth([])
+
+
+def test_probes_are_rarer_the_more_they_lose() -> None:
+    cheap = AdaptiveDepth(COSTS, probe_interval=16, probe_budget=0.02)
+    assert cheap.plain_cycles_per_probe() == 16  # a probe loses nothing here
+    # A depth-1 cycle costing 2.8 plain ones that commits 1 + 0.45 tokens on average loses
+    # 1.35 plain cycles; at 2% of the time that is one probe per 68 plain cycles.
+    dear = AdaptiveDepth([1.0, 2.8, 3.0, 3.2], prior_acceptance=0.45, probe_budget=0.02)
+    assert dear.plain_cycles_per_probe() == 68
+    chosen = _drive(dear, acceptance=0.0, cycles=400)
+    assert 2 <= chosen.count(1) <= 400 // 68 and set(chosen) <= {0, 1}
+
+
+def test_no_probes_when_no_depth_could_ever_pay() -> None:
+    # Even with every draft accepted, depth K commits K + 1 tokens for more than K + 1
+    # plain cycles' time.
+    hopeless = AdaptiveDepth([1.0, 2.5, 3.5, 4.5], prior_acceptance=0.45)
+    assert hopeless.plain_cycles_per_probe() is None
+    assert set(_drive(hopeless, acceptance=1.0, cycles=300)) == {0}
