@@ -69,7 +69,7 @@ _KNOWN_SYMBOLS = [
     "ssyevd_",
     "strtri_",
 ]
-_SHIM_VERSION = 2  # bump when the generated source changes, to invalidate cached shims
+_SHIM_VERSION = 3  # bump when the generated source changes, to invalidate cached shims
 
 
 @dataclass(frozen=True)
@@ -140,9 +140,12 @@ def enable_fast_blas(threads: int | None = None) -> BlasInfo:
 
 
 def set_blas_threads(threads: int) -> None:
-    """Set the OpenBLAS thread count (a no-op on the reference BLAS, which is single-threaded)."""
+    """Set the thread count of OpenBLAS and of the batch-invariant kernel (a no-op on the
+    reference BLAS, which is single-threaded)."""
     if _openblas is not None:
         _openblas[_PREFIX + "openblas_set_num_threads"](max(1, int(threads)))
+    if _shim is not None and hasattr(_shim, "mtplx_invariant_set_threads"):
+        _shim.mtplx_invariant_set_threads(max(1, int(threads)))
 
 
 def shim_calls() -> int | None:
@@ -358,6 +361,7 @@ def _build_shim(symbols: tuple[str, ...], openblas: Path) -> Path:
             "-fPIC",
             "-O3",
             "-march=native",
+            "-pthread",
             "-o",
             str(out),
             str(src),

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -214,3 +215,78 @@ def test_multi_token_forward_equals_one_token_forwards_bitwise() -> None:
     one = mx.concatenate([model(tokens[:, i : i + 1], cache=one_cache) for i in range(4, 10)], 1)
     multi = model(tokens[:, 4:10], cache=multi_cache)
     np.testing.assert_array_equal(np.array(one), np.array(multi))
+
+
+def _shim_function(name: str, restype: object) -> object:
+    import ctypes
+
+    function = getattr(ctypes.CDLL(blas_info().shim), name)
+    function.restype = restype
+    return function
+
+
+@needs_fast
+def test_threads_split_large_products_without_changing_a_bit() -> None:
+    """The invariant kernel splits a large product's columns between threads; every element
+    is still computed whole by one thread, so 1 and 2 threads give the same bits."""
+    import ctypes
+
+    from mtplx.blas import set_blas_threads
+
+    split_products = _shim_function("mtplx_invariant_split_products", ctypes.c_ulong)
+    rng = np.random.default_rng(5)
+    x = mx.array(rng.standard_normal((5, 576)).astype(np.float32))
+    w = mx.array(rng.standard_normal((4099, 576)).astype(np.float32))
+    results = {}
+    try:
+        for threads in (1, 2, 3):
+            set_blas_threads(threads)
+            before = split_products()
+            results[threads] = [np.array(x[:m] @ w.T) for m in range(1, 6)]
+            assert (split_products() > before) == (threads > 1)
+    finally:
+        set_blas_threads(blas_info().threads)
+    for threads in (2, 3):
+        for m in range(5):
+            np.testing.assert_array_equal(results[threads][m], results[1][m])
+
+
+@needs_fast
+def test_a_forked_child_can_still_multiply() -> None:
+    """Helper threads do not survive fork(): a child's products must not wait on them."""
+    import ctypes
+
+    from mtplx.blas import set_blas_threads
+
+    sgemm = _shim_function("cblas_sgemm", None)
+    m, n, k = 1, 4096, 576
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float32)
+    c = np.zeros((m, n), np.float32)
+
+    def multiply() -> None:
+        pointer = ctypes.POINTER(ctypes.c_float)
+        # Row-major (101), A not transposed (111), B transposed (112): C = A B^T.
+        sgemm(101, 111, 112, m, n, k, ctypes.c_float(1.0),
+              a.ctypes.data_as(pointer), k, b.ctypes.data_as(pointer), k, ctypes.c_float(0.0),
+              c.ctypes.data_as(pointer), n)  # fmt: skip
+
+    set_blas_threads(2)
+    multiply()  # starts the helper thread in this process
+    np.testing.assert_allclose(c, a @ b.T, rtol=1e-4, atol=1e-3)
+    pid = os.fork()
+    if pid == 0:  # the child: multiply again, then leave at once
+        multiply()
+        os._exit(0 if np.allclose(c, a @ b.T, rtol=1e-4, atol=1e-3) else 1)
+    deadline = 30.0
+    while deadline > 0:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.1)
+        deadline -= 0.1
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError("the forked child hung in the invariant kernel")
