@@ -261,8 +261,6 @@ void mtplx_invariant_set_threads(int threads) {
     threads_wanted = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
 }
 
-int mtplx_invariant_get_threads(void) { return threads_wanted; }
-
 unsigned long mtplx_invariant_split_products(void) { return atomic_load(&split_products); }
 
 /* Row-major C[M, N] = alpha * A B + beta * C with A(m, k) = A[m*am + k*ak] and

@@ -140,9 +140,9 @@ def write_f32_gguf(src: Path, dst: Path) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.tmp")
     writer = gguf.GGUFWriter(str(tmp), arch)
+    # The writer adds the architecture and the GGUF.* header fields itself.
+    skipped = (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE)
     for field in reader.fields.values():
-        # The writer adds the architecture and the GGUF.* header fields itself.
-        skipped = (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE)
         if field.name in skipped or field.name.startswith("GGUF."):
             continue
         value_type = field.types[0]
@@ -150,8 +150,7 @@ def write_f32_gguf(src: Path, dst: Path) -> Path:
         writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     for tensor in reader.tensors:
-        array = np.asarray(gguf.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        writer.add_tensor(tensor.name, array.reshape([int(d) for d in reversed(tensor.shape)]))
+        writer.add_tensor(tensor.name, _dequantized(tensor))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -308,6 +307,15 @@ def _hf_name(gguf_name: str) -> str:
     return f"{_GLOBAL_NAMES[base]}.{suffix}"
 
 
+def _dequantized(tensor: Any) -> np.ndarray:
+    """A GGUF tensor as float32, shaped like PyTorch's (out, in): gguf returns row-major
+    arrays, so no transpose is needed."""
+    from gguf import dequantize
+
+    array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+    return array.reshape([int(d) for d in reversed(tensor.shape)])
+
+
 def _write_weights(
     reader: Any, config: dict[str, Any], path: Path, dequantize: bool
 ) -> dict[str, Any] | None:
@@ -315,7 +323,6 @@ def _write_weights(
 
     Returns mlx-lm's ``quantization`` config entry when tensors stayed quantized.
     """
-    from gguf import dequantize as gguf_dequantize
     from safetensors.numpy import save_file
     from tqdm import tqdm
 
@@ -343,9 +350,7 @@ def _write_weights(
                 )
             bits_of[module] = MLX_BITS[tensor.tensor_type]
             continue
-        # gguf returns row-major arrays shaped like PyTorch's (out, in): no transpose needed.
-        array = np.asarray(gguf_dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
-        array = array.reshape([int(d) for d in reversed(tensor.shape)])
+        array = _dequantized(tensor)
         weights[name] = np.ascontiguousarray(unpermute_rope_rows(array, heads) if heads else array)
     save_file(weights, str(path), metadata={"format": "mlx"})
     if not bits_of:
