@@ -155,6 +155,13 @@ def _choose(
     return np.where(greedy, ids[:, 0], ids[np.arange(len(ids)), picked])
 
 
+def entry_is_greedy(prompt_index: int, round_index: int) -> bool:
+    """Whether answer ``round_index`` to prompt ``prompt_index`` is greedy: rounds 0 and 1
+    alternate greedy and sampled answers (each prompt gets one of each); later rounds are all
+    sampled, since a second greedy answer would repeat the first token for token."""
+    return round_index < 2 and (prompt_index + round_index) % 2 == 0
+
+
 def generate_with_teacher(
     model: LoadedModel,
     prompts: list[Prompt],
@@ -172,15 +179,15 @@ def generate_with_teacher(
     on_batch: Callable[[int, Generated], None] | None = None,
 ) -> Generated:
     """The target's answers to ``prompts`` (``rounds`` passes; entry (i, r) is greedy when
-    i + r is even, else sampled at ``temperature`` / ``top_p``), generated in left-padded
-    batches of ``batch_size`` with mlx-lm's ``BatchKVCache``. The post-norm hidden state and
-    the top-k next-token probabilities of every position are kept as they are computed, so no
-    second teacher pass is needed. A sequence keeps the last ``prompt_context`` prompt tokens
-    (their hidden states still saw the whole prompt) and every answer token whose hidden state
-    was computed (all but the last). Stops at ``deadline`` (``time.monotonic()``) after the
-    batch in flight. Batch b draws its samples from its own seeded stream, so generation can
-    resume at ``first_batch`` and give what one uninterrupted run gives; ``on_batch(b, data)``
-    sees each finished batch (to save it)."""
+    ``entry_is_greedy(i, r)``, else sampled at ``temperature`` / ``top_p``), generated in
+    left-padded batches of ``batch_size`` with mlx-lm's ``BatchKVCache``. The post-norm hidden
+    state and the top-k next-token probabilities of every position are kept as they are
+    computed, so no second teacher pass is needed. A sequence keeps the last ``prompt_context``
+    prompt tokens (their hidden states still saw the whole prompt) and every answer token whose
+    hidden state was computed (all but the last). Stops at ``deadline`` (``time.monotonic()``)
+    after the batch in flight. Batch b draws its samples from its own seeded stream, so
+    generation can resume at ``first_batch`` and give what one uninterrupted run gives;
+    ``on_batch(b, data)`` sees each finished batch (to save it)."""
     from mlx_lm.models.cache import BatchKVCache
 
     trunk = model.target.trunk
@@ -197,7 +204,7 @@ def generate_with_teacher(
         batch = entries[index * batch_size : (index + 1) * batch_size]
         done = Generated([], [], [], [], [])
         rows = [prompt_ids[i] for i, _ in batch]
-        greedy = np.array([(i + r) % 2 == 0 for i, r in batch])
+        greedy = np.array([entry_is_greedy(i, r) for i, r in batch])
         longest = max(len(r) for r in rows)
         padding = [longest - len(r) for r in rows]
         tokens = mx.array([[0] * pad + r for pad, r in zip(padding, rows, strict=True)])

@@ -13,7 +13,13 @@ from mlx_lm.sample_utils import make_sampler
 
 from mtplx.models import load
 from mtplx.models.base import LoadedModel
-from mtplx.train.data import Sequences, _choose, generate_with_teacher, teacher_pass
+from mtplx.train.data import (
+    Sequences,
+    _choose,
+    entry_is_greedy,
+    generate_with_teacher,
+    teacher_pass,
+)
 from mtplx.train.prompts import build_prompts
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head
@@ -110,3 +116,21 @@ def test_generation_resumes_at_a_batch_as_one_run_gives(model: LoadedModel) -> N
     assert resumed.seqs == per_batch[1] + per_batch[2]
     assert whole.seqs == per_batch[0] + resumed.seqs
     assert len({tuple(s) for s in whole.seqs}) > 4  # sampled rows differ from greedy ones
+
+
+def test_rounds_after_the_second_are_sampled_not_repeated_greedy() -> None:
+    # each prompt gets exactly one greedy answer however many rounds run
+    for i in range(6):
+        assert [entry_is_greedy(i, r) for r in range(5)].count(True) == 1
+    assert entry_is_greedy(0, 0) and entry_is_greedy(1, 1)
+    assert not entry_is_greedy(0, 2) and not entry_is_greedy(1, 3)
+
+
+def test_a_third_round_adds_no_duplicate_greedy_answer(model: LoadedModel) -> None:
+    prompts, _ = build_prompts(0)
+    generated = generate_with_teacher(
+        model, prompts[:2], seed=0, rounds=4, max_tokens=12, batch_size=8, top_k=8,
+        temperature=1.0,
+    )  # fmt: skip
+    assert len(generated.seqs) == 8
+    assert len({tuple(s) for s in generated.seqs}) == 8
