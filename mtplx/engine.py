@@ -23,6 +23,7 @@ from mtplx.drafters import (
     MTPDrafter,
     NgramDrafter,
 )
+from mtplx.drafters.base import DraftSampler
 from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.models.base import LoadedModel, TargetModel
 from mtplx.output import TextEmitter
@@ -286,10 +287,14 @@ class Engine:
         self, source: str, config: SamplerConfig, repeats: int = 3
     ) -> list[float]:
         """Time whole cycles (draft, verify forward, the exact rule, host syncs, commits) at
-        each depth on a scratch sequence whose text repeats, so lookup always proposes."""
+        each depth on a scratch sequence, every drafting cycle drafting its full depth."""
         # Plain cycles are timed in a queued steady state; drafting ones with the plain
         # cycles that restore it (below).
         drafter = self._drafters[source]
+        if source == LOOKUP:
+            # What the target writes after a scratch prompt soon stops matching it, and a
+            # lookup that finds no match drafts nothing: it would be timed as a plain cycle.
+            drafter = ScratchLookup()
         prompt = [(7 + i % 8) % self.vocab_size for i in range(32)]
         state = SequenceState(
             tokens=list(prompt),
@@ -320,6 +325,23 @@ class Engine:
             spans = [timed_cycle(depth) + timed_cycle(0) + timed_cycle(0) for _ in range(repeats)]
             costs.append(max(statistics.median(spans) - 2 * plain, plain))
         return costs
+
+
+class ScratchLookup(NgramDrafter):
+    """Prompt lookup for cost calibration: drafts k one-hot tokens every cycle (the history's
+    last k tokens when it has no n-gram match), so a lookup cycle of depth k is timed as one."""
+
+    def propose(
+        self, history: list[int], k: int, sample: DraftSampler
+    ) -> tuple[list[mx.array], list[mx.array]]:
+        """Lookup's proposals, padded from the end of the history to k tokens."""
+        tokens, qs = super().propose(history, k, sample)
+        vocab = mx.arange(sample.vocab_size)
+        missing = k - len(tokens)
+        for token in history[-missing:] if missing > 0 else []:
+            tokens.append(mx.array(token, dtype=mx.int32))
+            qs.append((vocab == token).astype(mx.float32))
+        return tokens, qs
 
 
 def _sampling_kind(config: SamplerConfig) -> tuple[bool, ...]:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
-from mtplx.engine import Engine
+from mtplx.drafters.base import DraftSampler
+from mtplx.engine import Engine, ScratchLookup
 from mtplx.models import load, make_layer_skip_draft
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig
@@ -281,6 +283,36 @@ def test_cycle_costs_are_measured_once_per_source_and_kind_of_sampling(
     sampled = llama_engine.cycle_costs("mtp", SamplerConfig(temperature=0.7, top_k=5))
     assert sampled is not greedy
     assert llama_engine.cycle_costs("ngram", GREEDY) is not greedy
+
+
+@pytest.mark.parametrize("source", ["ngram", "mtp"])
+def test_calibration_times_every_drafting_cycle_at_its_full_depth(
+    llama_engine: Engine, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A scratch sequence soon stops repeating, and a lookup with no match drafts nothing: its
+    # "drafting" cycles were once timed as plain ones, which made lookup look free.
+    drafted: list[tuple[int, int]] = []
+    cycle = llama_engine._cycle
+
+    def recording_cycle(state, drafter, config, num_draft, ahead):  # type: ignore[no-untyped-def]
+        result, following = cycle(state, drafter, config, num_draft, ahead)
+        drafted.append((num_draft, result.num_drafted))
+        return result, following
+
+    monkeypatch.setattr(llama_engine, "_cycle", recording_cycle)
+    llama_engine._measure_cycle_costs(source, SamplerConfig(temperature=0.7), repeats=1)
+    depths = {asked for asked, _ in drafted if asked}
+    assert depths == set(range(1, llama_engine.max_adaptive_depth + 1))
+    assert all(got == asked for asked, got in drafted)
+
+
+def test_scratch_lookup_pads_its_proposals_from_the_history() -> None:
+    sampler = DraftSampler(SamplerConfig(), 50, mx.zeros((3,)), None, None)
+    tokens, qs = ScratchLookup().propose([1, 2, 3, 4, 5], 3, sampler)  # no n-gram repeats
+    assert [int(t.item()) for t in tokens] == [3, 4, 5]
+    assert [int(mx.argmax(q).item()) for q in qs] == [3, 4, 5]
+    tokens, _ = ScratchLookup().propose([1, 2, 3, 1, 2], 3, sampler)  # lookup first: 3, 1, 2
+    assert [int(t.item()) for t in tokens] == [3, 1, 2]
 
 
 def test_warm_up_measures_the_default_drafters_costs(
