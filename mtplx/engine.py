@@ -25,6 +25,7 @@ from mtplx.drafters import (
 )
 from mtplx.drafters.base import DraftSampler
 from mtplx.drafters.lookup_first import LOOKUP
+from mtplx.drafters.ngram import LONG_MATCH
 from mtplx.models.base import LoadedModel, TargetModel
 from mtplx.output import TextEmitter
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
@@ -40,10 +41,16 @@ from mtplx.speculative import (
 
 logger = logging.getLogger(__name__)
 
-# Prior acceptance per draft source for the adaptive policy, before a request has measured
-# its own: about break-even for a model drafter (the shipped head is accepted ~40% at
-# position 1), so a request drafts deeper only once its own counts show it pays.
-PRIOR_ACCEPTANCE = {"mtp": 0.45, "draft_model": 0.45, "ngram": 0.3}
+# Lookup cycles whose match is LONG_MATCH tokens or more, a copy of earlier text, get their
+# own depth policy: their acceptance is high (see mtplx.drafters.ngram), that of short
+# matches (common phrases) low, so one estimate for both would fit neither.
+LONG_LOOKUP = "ngram-long"
+
+# Prior acceptance per depth policy, before a request has measured its own: for a model
+# drafter, about what the shipped head achieves (~40% at position 1), which does not pay at
+# depth >= 1 on a CPU, so a request drafts only once its own counts show it pays; for copied
+# text, what lookup achieves there, so a request starts drafting on the first long match.
+PRIOR_ACCEPTANCE = {"mtp": 0.45, "draft_model": 0.45, LOOKUP: 0.3, LONG_LOOKUP: 0.8}
 
 
 class Engine:
@@ -143,7 +150,8 @@ class Engine:
         if depth is None and drafter is not None:
             policies = {
                 source: AdaptiveDepth(
-                    self.cycle_costs(source, config), prior_acceptance=PRIOR_ACCEPTANCE[source]
+                    self.cycle_costs(_cost_source(source), config),
+                    prior_acceptance=PRIOR_ACCEPTANCE[source],
                 )
                 for source in sources
             }
@@ -263,7 +271,8 @@ class Engine:
         for it. Other kinds of sampling are measured when first used."""
         if self.default_depth is not None:
             return
-        for source in _sources(self._drafters[self.default_drafter]):
+        sources = _sources(self._drafters[self.default_drafter])
+        for source in dict.fromkeys(_cost_source(source) for source in sources):
             for config in configs:
                 self.cycle_costs(source, config)
 
@@ -357,12 +366,20 @@ def _sampling_kind(config: SamplerConfig) -> tuple[bool, ...]:
 
 
 def _sources(drafter: Drafter | None) -> tuple[str, ...]:
-    """The draft sources a drafter drafts from (each gets its own depth policy)."""
+    """The depth policy keys of a drafter: one per draft source, and lookup's split by match
+    length (see ``_plan_cycle``)."""
     if drafter is None:
         return ()
     if isinstance(drafter, LookupFirstDrafter):
-        return drafter.sources
+        return (LOOKUP, LONG_LOOKUP, drafter.model_drafter.name)
+    if isinstance(drafter, NgramDrafter):
+        return (LOOKUP, LONG_LOOKUP)
     return (drafter.name,)
+
+
+def _cost_source(source: str) -> str:
+    """The draft source whose measured cycle costs a depth policy key uses."""
+    return LOOKUP if source == LONG_LOOKUP else source
 
 
 def _plan_cycle(
@@ -372,9 +389,10 @@ def _plan_cycle(
     history: list[int],
     limit: int,
 ) -> tuple[str | None, int]:
-    """(draft source, number of draft tokens) for the next cycle, at most ``limit`` tokens.
-    A lookup-first drafter drafts from lookup when the history has a match and lookup's
-    depth is above 0, else from its model drafter."""
+    """(depth policy key, number of draft tokens) for the next cycle, at most ``limit``
+    tokens. Prompt lookup drafts when the history has an n-gram match and the policy for that
+    kind of match (long: a copy of earlier text, or short) gives a depth above 0; otherwise a
+    lookup-first drafter drafts from its model drafter and plain lookup does not draft."""
     if drafter is None:
         return None, 0
 
@@ -383,14 +401,19 @@ def _plan_cycle(
             return policies[source].choose(limit)
         return min(depth or 0, limit)
 
-    source = drafter.name
+    lookup = drafter.lookup if isinstance(drafter, LookupFirstDrafter) else drafter
+    if isinstance(lookup, NgramDrafter) and (match := lookup.match_length(history)):
+        source = LONG_LOOKUP if match >= LONG_MATCH else LOOKUP
+        if (num_draft := depth_for(source)) > 0:
+            if isinstance(drafter, LookupFirstDrafter):
+                drafter.use(LOOKUP)
+            return source, num_draft
+    if isinstance(drafter, NgramDrafter):
+        return None, 0
     if isinstance(drafter, LookupFirstDrafter):
-        source = drafter.model_drafter.name
-        if drafter.lookup_matches(history) and (num_draft := depth_for(LOOKUP)) > 0:
-            drafter.use(LOOKUP)
-            return LOOKUP, num_draft
-        drafter.use(source)
-    return source, depth_for(source)
+        drafter.use(drafter.model_drafter.name)
+        return drafter.model_drafter.name, depth_for(drafter.model_drafter.name)
+    return drafter.name, depth_for(drafter.name)
 
 
 def _record(stats: GenerationStats, result: CycleResult) -> None:

@@ -8,8 +8,11 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
+from mtplx.depth_policy import AdaptiveDepth
 from mtplx.drafters.base import DraftSampler
-from mtplx.engine import Engine, ScratchLookup
+from mtplx.drafters.lookup_first import LOOKUP
+from mtplx.drafters.ngram import LONG_MATCH
+from mtplx.engine import LONG_LOOKUP, Engine, ScratchLookup, _plan_cycle
 from mtplx.models import load, make_layer_skip_draft
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig
@@ -323,3 +326,30 @@ def test_warm_up_measures_the_default_drafters_costs(
     engine.warm_up()
     assert {source for source, _ in engine._cycle_costs} == {"mtp", "ngram"}
     assert len(engine._cycle_costs) == 4  # greedy and default sampling for each source
+
+
+def _policies(prior: dict[str, float]) -> dict[str, AdaptiveDepth]:
+    # plain 50 ms, depth k 100 + 10k ms: lookup pays only where acceptance is high
+    costs = [0.05] + [0.1 + 0.01 * k for k in range(1, 6)]
+    return {key: AdaptiveDepth(costs, prior_acceptance=a) for key, a in prior.items()}
+
+
+def test_lookup_is_planned_by_match_length(llama_engine: Engine) -> None:
+    drafter = llama_engine._drafters["mtp+ngram"]
+    policies = _policies({LOOKUP: 0.3, LONG_LOOKUP: 0.8, "mtp": 0.3})
+    text = list(range(100, 140))
+    copying = [*text, 7, *text[:LONG_MATCH]]  # the output copies earlier text
+    assert _plan_cycle(drafter, policies, None, copying, 64) == (LONG_LOOKUP, 5)
+    assert drafter.source == LOOKUP
+    phrase = [*text, 7, *text[:3]]  # a short common match: lookup does not pay, nor mtp
+    assert _plan_cycle(drafter, policies, None, phrase, 64) == ("mtp", 0)
+    assert drafter.source == "mtp"
+    # fixed depth: any match drafts from lookup
+    assert _plan_cycle(drafter, {}, 3, phrase, 64) == (LOOKUP, 3)
+
+
+def test_plain_lookup_without_a_match_runs_a_plain_cycle(llama_engine: Engine) -> None:
+    drafter = llama_engine._drafters["ngram"]
+    assert _plan_cycle(drafter, {}, 4, list(range(100, 140)), 64) == (None, 0)
+    assert _plan_cycle(drafter, {}, 4, [1, 2, 3, 1, 2], 64) == (LOOKUP, 4)
+    assert _plan_cycle(drafter, {}, 4, [1, 2, 3, 1, 2], 2) == (LOOKUP, 2)  # room left

@@ -2,7 +2,7 @@
 
 Each cycle drafts from prompt lookup when the history has an n-gram match (free, and long
 accepted runs when the output repeats its input), else from the model drafter (MTP head or
-draft model). The engine decides the source before the cycle (``lookup_matches``), keeps a
+draft model). The engine decides the source before the cycle (``match_length``), keeps a
 depth policy per source, and calls ``use``; committed tokens reach both drafters, so the model
 drafter stays in step through lookup cycles.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from mtplx.drafters.base import Drafter, DraftSampler
-from mtplx.drafters.ngram import NgramDrafter, find_continuation
+from mtplx.drafters.ngram import NgramDrafter
 
 LOOKUP = "ngram"
 
@@ -33,9 +33,9 @@ class LookupFirstDrafter:
         """The model drafter's need."""
         return self.model_drafter.needs_hidden
 
-    def lookup_matches(self, history: list[int]) -> bool:
-        """Whether prompt lookup has a continuation for ``history``."""
-        return bool(find_continuation(history, 1, self.lookup.max_ngram, self.lookup.min_ngram))
+    def match_length(self, history: list[int]) -> int:
+        """The lookup's match length for ``history`` (0: nothing to propose)."""
+        return self.lookup.match_length(history)
 
     def use(self, source: str) -> None:
         """Draft the next cycle from ``source`` (one of ``sources``)."""
