@@ -170,6 +170,7 @@ def test_llamacpp_run_decodes_max_tokens_with_our_sampler() -> None:
     result = run_llamacpp(llm, [5, 6, 7], sampler, max_tokens=5)
     assert result.token_ids == [1, 2, 3, 4, 5]
     assert result.tokens == 5 and result.decode_time >= 0.0 and result.ttft >= 0.0
+    assert result.peak_memory_mb is None  # MLX's peak says nothing of llama.cpp's memory
     assert llm.seed == 7
     assert llm.kwargs == {
         "tokens": [5, 6, 7], "temp": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
@@ -223,3 +224,30 @@ def test_llamacpp_modes_follow_the_available_models(fixture_model: Path) -> None
         ("llamacpp-f32", "llamacpp", "f32"),
     ]
     assert [m.name for m in expand_modes(config, engine, {})] == ["plain"]
+
+
+def test_llamacpp_rows_in_a_run(fixture_model: Path, tmp_path: Path, monkeypatch) -> None:
+    from mtplx.bench import runner
+    from mtplx.cli import main
+
+    ggufs = {"native": tmp_path / "a.gguf", "f32": tmp_path / "a.f32.gguf"}
+    monkeypatch.setattr(runner, "llamacpp_ggufs", lambda config: ggufs)
+    monkeypatch.setattr(runner, "load_llamacpp", lambda path, n_ctx: FakeLlama())
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    (prompts / "chat.jsonl").write_text('{"id": "c1", "prompt": "hello there"}\n')
+    out = tmp_path / "out"
+    argv = [
+        "bench", str(fixture_model), "--modes", "plain,llamacpp", "--samplers", "greedy",
+        "--max-tokens", "4", "--repeats", "1", "--prompt-dir", str(prompts), "--out", str(out),
+        "--no-progress",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    rows = {r["mode"]: r for r in json.loads((out / "results.json").read_text())["summary"]}
+    assert rows["llamacpp-f32"]["peak_memory_mb"] is None
+    assert rows["llamacpp-f32"]["same_tokens_as_plain"] == 0.0  # the fake counts 1, 2, 3, 4
+    md = (out / "results.md").read_text()
+    assert "| chat | llamacpp-native |" in md
+    assert next(line for line in md.splitlines() if "| chat | llamacpp-f32 |" in line).endswith(
+        "| – | 0% |"
+    )

@@ -52,7 +52,7 @@ class RunResult:
     num_accepted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_position: list[int] = field(default_factory=list)
-    peak_memory_mb: float = 0.0
+    peak_memory_mb: float | None = None  # MLX's peak; None where not measured (llama.cpp)
     token_ids: list[int] = field(default_factory=list)
 
     @property

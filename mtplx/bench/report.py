@@ -61,7 +61,10 @@ def summarize(result: BenchResult) -> list[dict[str, Any]]:
                     (r["accepted_per_position"] for r in runs),
                     (r["drafted_per_position"] for r in runs),
                 ),
-                "peak_memory_mb": max(r["peak_memory_mb"] for r in runs),
+                "peak_memory_mb": max(
+                    (r["peak_memory_mb"] for r in runs if r["peak_memory_mb"] is not None),
+                    default=None,
+                ),
                 "same_tokens_as_plain": sum(same) / len(same),
             }
         )
@@ -195,11 +198,12 @@ def markdown(result: BenchResult, rows: list[dict[str, Any]], command: str) -> s
             # Token equality with plain decoding is the exactness check at T=0 only; sampled
             # runs draw different uniforms per mode, so they legitimately differ.
             same = f"{r['same_tokens_as_plain']:.0%}" if sampler == "greedy" else "–"
+            peak = "–" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"
             lines.append(
                 f"| {r['category']} | {r['mode']} | {_fmt_spread(r['decode_tps'])} "
                 f"| {_fmt_spread(r['speedup'], 2, 'x')} "
                 f"| {mal_text} "
-                f"| {per_pos} | {_fmt_spread(ttft, 0)} | {r['peak_memory_mb']:.0f} "
+                f"| {per_pos} | {_fmt_spread(ttft, 0)} | {peak} "
                 f"| {same} |"
             )
         lines.append("")
