@@ -44,103 +44,66 @@ static float reduce_lanes(v8 lo, v8 hi) {
 }
 
 /* The tail (k >= K rounded down to 16) goes into the same lanes, by k mod 16. */
-static void add_tail(v8 *lo, v8 *hi, const float *a, long sa, const float *b, long sb, int k,
-                     int K) {
+static void add_tail(v8 *lo, v8 *hi, const float *a, const float *b, int k, int K) {
     float t[LANES] = {0};
-    for (int l = 0; k < K; k++, l++) t[l] = a[k * sa] * b[k * sb];
+    for (int l = 0; k < K; k++, l++) t[l] = a[k] * b[k];
     *lo += load8(t);
     *hi += load8(t + 8);
 }
 
-/* sum_k a[k*sa] * b[k*sb] in the fixed order; strided operands take the scalar gather. */
-static float dot_fixed(const float *a, long sa, const float *b, long sb, int K) {
-    v8 lo = {0}, hi = {0};
-    int k = 0;
-    if (sa == 1 && sb == 1) {
-        for (; k + LANES <= K; k += LANES) {
-            lo += load8(a + k) * load8(b + k);
-            hi += load8(a + k + 8) * load8(b + k + 8);
-        }
-    } else {
-        for (; k + LANES <= K; k += LANES) {
-            v8 x, y, u, w;
-            for (int l = 0; l < 8; l++) {
-                x[l] = a[(k + l) * sa], y[l] = b[(k + l) * sb];
-                u[l] = a[(k + 8 + l) * sa], w[l] = b[(k + 8 + l) * sb];
-            }
-            lo += x * y;
-            hi += u * w;
-        }
-    }
-    add_tail(&lo, &hi, a, sa, b, sb, k, K);
-    return reduce_lanes(lo, hi);
-}
-
-/* Four rows of A against one contiguous column of B: the same arithmetic per element as
- * dot_fixed, with each chunk of b loaded once for all four rows. */
-static void dot4_fixed(const float *a, long am, const float *b, int K, float *out) {
-    v8 lo0 = {0}, hi0 = {0}, lo1 = {0}, hi1 = {0}, lo2 = {0}, hi2 = {0}, lo3 = {0}, hi3 = {0};
-    const float *a0 = a, *a1 = a + am, *a2 = a + 2 * am, *a3 = a + 3 * am;
+/* sum_k a[r*am + k] * b[k] in the fixed order for ROWS (1 to 4) rows of A against one column
+ * of B; each chunk of b is loaded once for all rows, whose accumulator chains run side by
+ * side. An element's arithmetic does not depend on ROWS. Inlined with a constant ROWS, so the arrays live in registers. */
+static inline __attribute__((always_inline)) void dot_rows_fixed(const float *a, long am,
+                                                                 const float *b, int K, int ROWS,
+                                                                 float *out) {
+    v8 lo[4] = {{0}}, hi[4] = {{0}};
     int k = 0;
     for (; k + LANES <= K; k += LANES) {
         v8 bl = load8(b + k), bh = load8(b + k + 8);
-        lo0 += load8(a0 + k) * bl, hi0 += load8(a0 + k + 8) * bh;
-        lo1 += load8(a1 + k) * bl, hi1 += load8(a1 + k + 8) * bh;
-        lo2 += load8(a2 + k) * bl, hi2 += load8(a2 + k + 8) * bh;
-        lo3 += load8(a3 + k) * bl, hi3 += load8(a3 + k + 8) * bh;
+        for (int r = 0; r < ROWS; r++) {
+            lo[r] += load8(a + r * am + k) * bl;
+            hi[r] += load8(a + r * am + k + 8) * bh;
+        }
     }
-    add_tail(&lo0, &hi0, a0, 1, b, 1, k, K);
-    add_tail(&lo1, &hi1, a1, 1, b, 1, k, K);
-    add_tail(&lo2, &hi2, a2, 1, b, 1, k, K);
-    add_tail(&lo3, &hi3, a3, 1, b, 1, k, K);
-    out[0] = reduce_lanes(lo0, hi0), out[1] = reduce_lanes(lo1, hi1);
-    out[2] = reduce_lanes(lo2, hi2), out[3] = reduce_lanes(lo3, hi3);
+    for (int r = 0; r < ROWS; r++) {
+        add_tail(&lo[r], &hi[r], a + r * am, b, k, K);
+        out[r] = reduce_lanes(lo[r], hi[r]);
+    }
 }
 
 static void store(float *c, float value, float alpha, float beta) {
     *c = beta == 0.0f ? alpha * value : alpha * value + beta * *c;
 }
 
-/* One product, A's rows contiguous (A(m, k) = A[m*am + k]), B(k, n) = B[k*bk + n*bn]. */
+/* One product, A's rows and B's columns contiguous in k: A(m, k) = A[m*am + k],
+ * B(k, n) = B[n*bn + k]. */
 typedef struct {
     int M, N, K;
     float alpha, beta;
     const float *A, *B;
-    long am, bk, bn, ldc;
+    long am, bn, ldc;
     float *C;
 } product_t;
 
-/* Columns [n0, n1) of C = alpha * A B + beta * C. */
+/* Columns [n0, n1) of C = alpha * A B + beta * C: one dot product per element; each column
+ * of B stays in cache while all M rows of A use it. */
 static void gemm_columns(const product_t *p, int n0, int n1) {
     const int M = p->M, K = p->K;
-    const float *A = p->A, *B = p->B;
-    const long am = p->am, bk = p->bk, bn = p->bn, ldc = p->ldc;
-    const float alpha = p->alpha, beta = p->beta;
-    float *C = p->C;
-    if (bk == 1) {
-        /* B's columns are contiguous in k (x @ W^T): one dot product per element; each row of
-         * B^T stays in cache while all M rows of A use it. */
-        for (int n = n0; n < n1; n++) {
-            const float *b = B + n * bn;
-            int m = 0;
-            for (; m + 4 <= M; m += 4) {
-                float out[4];
-                dot4_fixed(A + m * am, am, b, K, out);
-                for (int i = 0; i < 4; i++) store(&C[(m + i) * ldc + n], out[i], alpha, beta);
+    const long am = p->am, ldc = p->ldc;
+    for (int n = n0; n < n1; n++) {
+        const float *b = p->B + n * p->bn;
+        for (int m = 0; m < M; m += 4) {
+            const float *a = p->A + m * am;
+            float out[4];
+            switch (M - m) {
+            case 1: dot_rows_fixed(a, am, b, K, 1, out); break;
+            case 2: dot_rows_fixed(a, am, b, K, 2, out); break;
+            case 3: dot_rows_fixed(a, am, b, K, 3, out); break;
+            default: dot_rows_fixed(a, am, b, K, 4, out);
             }
-            for (; m < M; m++)
-                store(&C[m * ldc + n], dot_fixed(A + m * am, 1, b, 1, K), alpha, beta);
-        }
-    } else {
-        /* B's rows are contiguous in n (scores @ V): a strided dot product per element, with
-         * the same reduction order as above. Blocks of columns keep B's rows in cache. */
-        enum { BLOCK = 64 };
-        for (int b0 = n0; b0 < n1; b0 += BLOCK) {
-            int b1 = b0 + BLOCK < n1 ? b0 + BLOCK : n1;
-            for (int m = 0; m < M; m++)
-                for (int n = b0; n < b1; n++)
-                    store(&C[m * ldc + n], dot_fixed(A + m * am, 1, B + n * bn, bk, K), alpha,
-                          beta);
+            for (int i = 0; i < 4 && m + i < M; i++)
+                store(&p->C[(m + i) * ldc + n], out[i], p->alpha, p->beta);
         }
     }
 }
@@ -267,16 +230,26 @@ unsigned long mtplx_invariant_split_products(void) { return atomic_load(&split_p
  * B(k, n) = B[k*bk + n*bn]. */
 static void gemm_rows(int M, int N, int K, float alpha, const float *A, long am, long ak,
                       const float *B, long bk, long bn, float beta, float *C, long ldc) {
-    float *packed = NULL;
+    float *packed_a = NULL, *packed_b = NULL;
     if (ak != 1) { /* pack A's rows contiguous: a copy, no arithmetic */
-        packed = malloc(sizeof(float) * (size_t)M * (size_t)(K > 0 ? K : 1));
+        packed_a = malloc(sizeof(float) * (size_t)M * (size_t)(K > 0 ? K : 1));
         for (int m = 0; m < M; m++)
-            for (int k = 0; k < K; k++) packed[(long)m * K + k] = A[m * am + k * ak];
-        A = packed, am = K;
+            for (int k = 0; k < K; k++) packed_a[(long)m * K + k] = A[m * am + k * ak];
+        A = packed_a, am = K;
     }
-    product_t p = {M, N, K, alpha, beta, A, B, am, bk, bn, ldc, C};
+    if (bk != 1) {
+        /* Pack B's columns contiguous in k (attention's scores @ V): the strided dot product
+         * gathers one scalar at a time and cost ~4x the contiguous one; the copy is cheap
+         * next to it and the arithmetic is the same. */
+        packed_b = malloc(sizeof(float) * (size_t)N * (size_t)(K > 0 ? K : 1));
+        for (int k = 0; k < K; k++)
+            for (int n = 0; n < N; n++) packed_b[(long)n * K + k] = B[k * bk + n * bn];
+        B = packed_b, bn = K;
+    }
+    product_t p = {M, N, K, alpha, beta, A, B, am, bn, ldc, C};
     gemm_parallel(&p);
-    free(packed);
+    free(packed_a);
+    free(packed_b);
 }
 
 void mtplx_sgemm_rows(int row_major, int trans_a, int trans_b, int M, int N, int K, float alpha,

@@ -180,6 +180,17 @@ def test_few_row_matmul_rows_do_not_depend_on_row_count(
         np.testing.assert_array_equal(product, rows[-1][:m], err_msg=f"{m} rows")
 
 
+def test_weight_layout_does_not_change_a_bit() -> None:
+    """x @ W computes the same bits whether W is stored row-major or as a transposed view:
+    the kernel packs B's columns contiguous before the same fixed-order arithmetic."""
+    rng = np.random.default_rng(11)
+    x = mx.array(rng.standard_normal((3, 300)).astype(np.float32))
+    w = rng.standard_normal((64, 300)).astype(np.float32)
+    as_view = np.array(x @ mx.array(w).T)
+    as_rows = np.array(x @ mx.array(w.T.copy()))
+    np.testing.assert_array_equal(as_view, as_rows)
+
+
 def test_trailing_zero_terms_do_not_change_a_dot_product() -> None:
     """Masked attention keys contribute exact zeros after the live ones; they must not
     change the sum (plain decoding sees L keys, a verify row L + k with k masked)."""
