@@ -25,7 +25,7 @@ from mtplx.drafters import (
 )
 from mtplx.drafters.base import DraftSampler
 from mtplx.drafters.lookup_first import LOOKUP
-from mtplx.drafters.ngram import LONG_MATCH
+from mtplx.drafters.ngram import LONG_MATCH, find_continuation, one_hot_proposals
 from mtplx.models.base import LoadedModel, TargetModel
 from mtplx.output import TextEmitter
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
@@ -34,6 +34,7 @@ from mtplx.speculative import (
     Ahead,
     CycleResult,
     SequenceState,
+    close_ahead,
     cycle_uniforms,
     plain_cycle_ahead,
     run_cycle,
@@ -175,6 +176,7 @@ class Engine:
         stats.prefill_time = time.perf_counter() - started
         pending: CycleResult | None = first
         ahead: Ahead | None = None  # the queued forward of state.tokens[-1], if any
+        planned: tuple[str | None, int] | None = None  # a drafting cycle waiting on close_ahead
         while True:
             for index, token in enumerate(pending.committed):
                 state.tokens.append(token)
@@ -200,10 +202,17 @@ class Engine:
             if room <= 0:
                 yield FinishEvent("length", stats, emitter.flush())
                 return
-            source, num_draft = _plan_cycle(drafter, policies, depth, state.tokens, room - 1)
-            pending, ahead = self._cycle(state, drafter, config, num_draft, ahead)
-            if source in policies and num_draft > 0:
-                policies[source].update(pending.num_drafted, pending.num_accepted)
+            source, num_draft = planned or _plan_cycle(
+                drafter, policies, depth, state.tokens, room - 1
+            )
+            num_draft, planned = min(num_draft, room - 1), None
+            if num_draft > 0 and ahead is not None:
+                # Commit the queued forward's token first, then draft after it as planned.
+                pending, ahead, planned = close_ahead(drafter, ahead), None, (source, num_draft)
+            else:
+                pending, ahead = self._cycle(state, drafter, config, num_draft, ahead)
+                if source in policies and num_draft > 0:
+                    policies[source].update(pending.num_drafted, pending.num_accepted)
             _record(stats, pending)
 
     def _cycle(
@@ -215,10 +224,13 @@ class Engine:
         ahead: Ahead | None,
     ) -> tuple[CycleResult, Ahead | None]:
         """One cycle; plain ones run a step ahead (see ``mtplx.speculative``) unless
-        penalties need the counts of each committed token first."""
+        penalties need the counts of each committed token first. A drafting cycle needs
+        ``ahead`` closed (``close_ahead``) first."""
         if num_draft == 0 and not config.has_penalties:
             return plain_cycle_ahead(self.target, drafter, state, config, ahead)
-        return run_cycle(self.target, drafter, state, config, num_draft, ahead), None
+        if ahead is not None:
+            raise RuntimeError("a drafting cycle cannot start with a forward still queued")
+        return run_cycle(self.target, drafter, state, config, num_draft), None
 
     def _prefill(
         self, state: SequenceState, drafter: Drafter | None, request: GenerationRequest
@@ -293,12 +305,17 @@ class Engine:
         return self._cycle_costs[key]
 
     def _measure_cycle_costs(
-        self, source: str, config: SamplerConfig, repeats: int = 3
+        self, source: str, config: SamplerConfig, rounds: int = 4
     ) -> list[float]:
         """Time whole cycles (draft, verify forward, the exact rule, host syncs, commits) at
-        each depth on a scratch sequence, every drafting cycle drafting its full depth."""
-        # Plain cycles are timed in a queued steady state; drafting ones with the plain
-        # cycles that restore it (below).
+        each depth on a scratch sequence, every drafting cycle drafting its full depth.
+
+        Plain cycles are timed in a queued steady state; drafting ones as the engine runs
+        them, after the close of the queued forward and with the plain cycles that restore
+        it (below). Each round times every depth against its own plain cycles, so a slow
+        spell of the machine (a shared host's is +-15%) weighs on all depths of a round
+        alike; the costs are medians over rounds, and a deeper draft, which does all the
+        work of a shallower one and more, never costs less."""
         drafter = self._drafters[source]
         if source == LOOKUP:
             # What the target writes after a scratch prompt soon stops matching it, and a
@@ -319,20 +336,29 @@ class Engine:
         def timed_cycle(depth: int) -> float:
             nonlocal ahead
             started = time.perf_counter()
+            if depth and ahead is not None:
+                state.tokens.extend(close_ahead(drafter, ahead).committed)
+                ahead = None
             result, ahead = self._cycle(state, drafter, config, depth, ahead)
             state.tokens.extend(result.committed)
             return time.perf_counter() - started
 
         for _ in range(2):  # the queued work of the prefill, and warm-up
             timed_cycle(0)
-        plain = statistics.median(timed_cycle(0) for _ in range(repeats + 1))
-        costs = [plain]
-        for depth in range(1, self.max_adaptive_depth + 1):
-            # A drafting cycle also costs the run-ahead it breaks: the plain cycles after it
-            # start unqueued. Time it with the two plain cycles that restore the queued
-            # steady state, and charge the excess over two queued plain cycles.
-            spans = [timed_cycle(depth) + timed_cycle(0) + timed_cycle(0) for _ in range(repeats)]
-            costs.append(max(statistics.median(spans) - 2 * plain, plain))
+        plains: list[float] = []
+        excess: list[list[float]] = [[] for _ in range(self.max_adaptive_depth)]
+        for _ in range(rounds):
+            plain = statistics.median(timed_cycle(0) for _ in range(3))
+            plains.append(plain)
+            for depth in range(1, self.max_adaptive_depth + 1):
+                # The close commits a plain token, and the plain cycles after a drafting one
+                # start unqueued: time the three with it and charge the excess over three
+                # queued plain cycles.
+                span = timed_cycle(depth) + timed_cycle(0) + timed_cycle(0)
+                excess[depth - 1].append(span - 3 * plain)
+        costs = [statistics.median(plains)]
+        for spans in excess:
+            costs.append(max(statistics.median(spans), costs[-1]))
         return costs
 
 
@@ -344,13 +370,10 @@ class ScratchLookup(NgramDrafter):
         self, history: list[int], k: int, sample: DraftSampler
     ) -> tuple[list[mx.array], list[mx.array]]:
         """Lookup's proposals, padded from the end of the history to k tokens."""
-        tokens, qs = super().propose(history, k, sample)
-        vocab = mx.arange(sample.vocab_size)
-        missing = k - len(tokens)
-        for token in history[-missing:] if missing > 0 else []:
-            tokens.append(mx.array(token, dtype=mx.int32))
-            qs.append((vocab == token).astype(mx.float32))
-        return tokens, qs
+        continuation = find_continuation(history, k, self.max_ngram, self.min_ngram)
+        missing = k - len(continuation)
+        padding = history[-missing:] if missing > 0 else []
+        return one_hot_proposals(continuation + padding, sample.vocab_size)
 
 
 def _sampling_kind(config: SamplerConfig) -> tuple[bool, ...]:

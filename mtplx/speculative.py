@@ -8,8 +8,12 @@ recovered or bonus token, and the target cache is rolled back past the rejected 
 Plain cycles can run one step ahead (``plain_cycle_ahead``), as mlx-lm's generate loop does:
 the forward of the token being committed is queued (``mx.async_eval``) before that token is
 read, so building the next graph in Python overlaps the current compute. The queued forward
-(an ``Ahead``) then serves the next cycle: a plain one samples from it, a drafting one uses
-it as the first row of its verify and feeds only the draft tokens.
+(an ``Ahead``) then serves the next cycle: a plain one commits its draw and queues the next
+forward; before a drafting cycle, ``close_ahead`` commits its draw without queuing another,
+and the drafting cycle verifies from the position after it. (Verifying the drafts against
+the queued forward's logits instead would spend that forward's token: k drafts would commit
+at most k + 1 tokens for the queued forward and a k-token verify, where closing first
+commits up to k + 2 for it and a (k + 1)-token verify, which costs little more.)
 """
 
 from __future__ import annotations
@@ -130,6 +134,15 @@ def plain_cycle_ahead(
         last = mx.array([state.tokens[-1]], mx.int32)
         ahead = feed_ahead(target, state, config, last, last_index)
     following = feed_ahead(target, state, config, ahead.sample, last_index + 1)
+    return close_ahead(drafter, ahead, started), following
+
+
+def close_ahead(drafter: Drafter | None, ahead: Ahead, started: float | None = None) -> CycleResult:
+    """A plain cycle that only commits the draw of the queued forward ``ahead`` and queues
+    nothing: what precedes a drafting cycle, which then feeds this token itself. ``started``:
+    when the cycle began (default: now), for its verify time."""
+    if started is None:
+        started = time.perf_counter()
     # Read the draw queued last cycle, never an array newly derived from it: such an array is
     # part of the graph just queued and is ready only when that whole forward is (measured:
     # 80 -> 61 ms a token, the same as mlx-lm's loop).
@@ -137,8 +150,7 @@ def plain_cycle_ahead(
     verify_time = time.perf_counter() - started
     if drafter is not None:
         drafter.commit(committed, ahead.hidden if drafter.needs_hidden else None)
-    result = CycleResult(committed, 0, 0, ahead.logits[0], 0.0, verify_time)
-    return result, following
+    return CycleResult(committed, 0, 0, ahead.logits[0], 0.0, verify_time)
 
 
 def run_cycle(
@@ -147,11 +159,10 @@ def run_cycle(
     state: SequenceState,
     config: SamplerConfig,
     num_draft: int,
-    ahead: Ahead | None = None,
 ) -> CycleResult:
-    """Draft up to ``num_draft`` tokens, verify them in one target forward, commit the result
-    to ``state.cache`` and ``drafter``; ``state.tokens`` is left to the caller. ``ahead``:
-    the queued forward of ``state.tokens[-1]``, whose logits become the verify's first row."""
+    """Draft up to ``num_draft`` tokens, verify them in one target forward over
+    ``[state.tokens[-1], d1 .. dk]``, commit the result to ``state.cache`` and ``drafter``;
+    ``state.tokens`` is left to the caller."""
     position = len(state.tokens)
     uniforms = cycle_uniforms(state.seed, position, num_draft)
     started = time.perf_counter()
@@ -170,16 +181,8 @@ def run_cycle(
 
     started = time.perf_counter()
     point = cache_ops.checkpoint(state.cache) if state.recurrent and num_drafted else None
-    if ahead is None:
-        inputs = mx.concatenate([mx.array([state.tokens[-1]], mx.int32), drafted])[None]
-        logits, hidden = target(inputs, state.cache)  # [1, k+1, V], [1, k+1, H]
-    else:
-        inputs = drafted[None]
-        logits, hidden = ahead.logits, ahead.hidden
-        if num_drafted:
-            more_logits, more_hidden = target(inputs, state.cache)  # [1, k, V], [1, k, H]
-            logits = mx.concatenate([logits, more_logits], axis=1)
-            hidden = mx.concatenate([hidden, more_hidden], axis=1)
+    inputs = mx.concatenate([mx.array([state.tokens[-1]], mx.int32), drafted])[None]
+    logits, hidden = target(inputs, state.cache)  # [1, k+1, V], [1, k+1, H]
     target_probs = mx_distribution_from_logits(
         logits[0], config, position_counts(state.token_counts, drafted)
     )
@@ -206,9 +209,7 @@ def run_cycle(
         else:
             # Recurrent state cannot be trimmed: restore it and re-run the accepted prefix.
             cache_ops.rollback(state.cache, point)
-            num_fed = num_accepted if ahead is not None else num_accepted + 1
-            if num_fed:
-                target(inputs[:, :num_fed], state.cache)
+            target(inputs[:, : num_accepted + 1], state.cache)
     verify_time = time.perf_counter() - started
     if drafter is not None:
         drafter.commit(committed, hidden[:, : num_accepted + 1] if drafter.needs_hidden else None)

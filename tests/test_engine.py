@@ -303,7 +303,7 @@ def test_calibration_times_every_drafting_cycle_at_its_full_depth(
         return result, following
 
     monkeypatch.setattr(llama_engine, "_cycle", recording_cycle)
-    llama_engine._measure_cycle_costs(source, SamplerConfig(temperature=0.7), repeats=1)
+    llama_engine._measure_cycle_costs(source, SamplerConfig(temperature=0.7), rounds=1)
     depths = {asked for asked, _ in drafted if asked}
     assert depths == set(range(1, llama_engine.max_adaptive_depth + 1))
     assert all(got == asked for asked, got in drafted)

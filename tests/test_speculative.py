@@ -18,7 +18,7 @@ from mtplx.engine import Engine
 from mtplx.models import LoadedModel, load, make_layer_skip_draft
 from mtplx.request import GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig, distribution_from_logits
-from mtplx.speculative import SequenceState, plain_cycle_ahead, run_cycle
+from mtplx.speculative import SequenceState, close_ahead, plain_cycle_ahead, run_cycle
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head
 
@@ -321,9 +321,9 @@ def test_ngram_drafter_proposes_nothing_without_a_match() -> None:
 def test_running_ahead_commits_what_plain_cycles_commit(
     model: LoadedModel, config: SamplerConfig
 ) -> None:
-    """Plain cycles that queue the next forward, and drafting cycles that verify from that
-    queued forward, commit the same tokens as cycles that do not run ahead, and leave the
-    target cache and the drafter answering the same."""
+    """Plain cycles that queue the next forward, closed before each drafting cycle, commit
+    the same tokens as cycles that do not run ahead, and leave the target cache and the
+    drafter answering the same."""
     prompt = [7, 3, 9, 12, 4]
     schedule = [0, 0, 2, 0, 0, 0, 3, 1, 0, 0, 2, 0, 0]
     runs = []
@@ -334,12 +334,14 @@ def test_running_ahead_commits_what_plain_cycles_commit(
         _, hidden = model.target(mx.array(prompt[:-1], mx.int32)[None], state.cache)
         drafter.commit(prompt[1:], hidden)
         ahead = None
-        for depth in schedule:
-            if run_ahead and depth == 0:
-                result, ahead = plain_cycle_ahead(model.target, drafter, state, config, ahead)
+        for index, depth in enumerate(schedule):
+            drafting_next = index + 1 < len(schedule) and schedule[index + 1] > 0
+            if not run_ahead or depth > 0:
+                result = run_cycle(model.target, drafter, state, config, depth)
+            elif ahead is not None and drafting_next:
+                result, ahead = close_ahead(drafter, ahead), None
             else:
-                result = run_cycle(model.target, drafter, state, config, depth, ahead)
-                ahead = None
+                result, ahead = plain_cycle_ahead(model.target, drafter, state, config, ahead)
             state.tokens.extend(result.committed)
         if ahead is None:
             last = mx.array([state.tokens[-1:]], mx.int32)

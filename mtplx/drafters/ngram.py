@@ -52,6 +52,13 @@ def find_continuation(
     return continuation
 
 
+def one_hot_proposals(tokens: list[int], vocab_size: int) -> tuple[list[mx.array], list[mx.array]]:
+    """Draft tokens as scalar int32 arrays with their one-hot q ([V] float32 each)."""
+    vocab = mx.arange(vocab_size)
+    drafted = [mx.array(token, dtype=mx.int32) for token in tokens]
+    return drafted, [(vocab == token).astype(mx.float32) for token in drafted]
+
+
 class NgramDrafter:
     """The n-gram prompt-lookup drafter; it keeps no model state."""
 
@@ -79,6 +86,4 @@ class NgramDrafter:
     ) -> tuple[list[mx.array], list[mx.array]]:
         """One-hot proposals from the history; the sampler is not consulted."""
         continuation = find_continuation(history, k, self.max_ngram, self.min_ngram)
-        vocab = mx.arange(sample.vocab_size)
-        tokens = [mx.array(token, dtype=mx.int32) for token in continuation]
-        return tokens, [(vocab == token).astype(mx.float32) for token in tokens]
+        return one_hot_proposals(continuation, sample.vocab_size)
