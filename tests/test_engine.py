@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from mtplx.depth_policy import AdaptiveDepth
@@ -280,8 +281,12 @@ def test_cycle_costs_are_measured_once_per_source_and_kind_of_sampling(
     greedy = llama_engine.cycle_costs("mtp", GREEDY)
     assert len(greedy) == llama_engine.max_adaptive_depth + 1
     assert all(cost > 0 for cost in greedy)
-    # a drafting cycle is charged at least a plain cycle (it breaks the run-ahead)
+    # a drafting cycle is charged at least a plain cycle (it breaks the run-ahead), and more
+    # the deeper it drafts, along one line (noise in one depth cannot make it look cheap)
     assert all(cost >= greedy[0] for cost in greedy[1:])
+    unfloored = [cost for cost in greedy[1:] if cost > greedy[0]]
+    steps = np.diff(unfloored)
+    assert np.all(steps >= 0) and np.allclose(steps, steps[:1], rtol=1e-6, atol=1e-12)
     assert llama_engine.cycle_costs("mtp", SamplerConfig(temperature=0.0, seed=9)) is greedy
     sampled = llama_engine.cycle_costs("mtp", SamplerConfig(temperature=0.7, top_k=5))
     assert sampled is not greedy
