@@ -53,7 +53,8 @@ static void add_tail(v8 *lo, v8 *hi, const float *a, const float *b, int k, int 
 
 /* sum_k a[r*am + k] * b[k] in the fixed order for ROWS (1 to 4) rows of A against one column
  * of B; each chunk of b is loaded once for all rows, whose accumulator chains run side by
- * side. An element's arithmetic does not depend on ROWS. Inlined with a constant ROWS, so the arrays live in registers. */
+ * side. An element's arithmetic does not depend on ROWS. Inlined with a constant ROWS, so
+ * the arrays live in registers. */
 static inline __attribute__((always_inline)) void dot_rows_fixed(const float *a, long am,
                                                                  const float *b, int K, int ROWS,
                                                                  float *out) {

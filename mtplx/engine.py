@@ -348,19 +348,19 @@ class Engine:
 
         for _ in range(2):  # the queued work of the prefill, and warm-up
             timed_cycle(0)
+        depths = range(1, self.max_adaptive_depth + 1)
         plains: list[float] = []
-        excess: list[list[float]] = [[] for _ in range(self.max_adaptive_depth)]
+        excess: list[list[float]] = [[] for _ in depths]
         for _ in range(rounds):
             plain = statistics.median(timed_cycle(0) for _ in range(3))
             plains.append(plain)
-            for depth in range(1, self.max_adaptive_depth + 1):
+            for depth in depths:
                 # The close commits a plain token, and the plain cycles after a drafting one
                 # start unqueued: time the three with it and charge the excess over three
                 # queued plain cycles.
                 span = timed_cycle(depth) + timed_cycle(0) + timed_cycle(0)
                 excess[depth - 1].append(span - 3 * plain)
         plain = statistics.median(plains)
-        depths = range(1, self.max_adaptive_depth + 1)
         medians = [statistics.median(spans) for spans in excess]
         if len(medians) < 2:
             return [plain, *(max(m, plain) for m in medians)]
