@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from mtplx.errors import InvalidParameter
 from mtplx.sampling import SamplerConfig
 
 DRAFTER_NAMES = ("mtp+ngram", "draft_model+ngram", "mtp", "draft_model", "ngram", "none")
@@ -35,23 +36,29 @@ class GenerationRequest:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
-            raise ValueError(f"max_tokens must be an integer, got {self.max_tokens!r}")
+            raise InvalidParameter(
+                "max_tokens", f"max_tokens must be an integer, got {self.max_tokens!r}"
+            )
         if self.max_tokens <= 0:
-            raise ValueError(f"max_tokens must be > 0, got {self.max_tokens}")
+            raise InvalidParameter("max_tokens", f"max_tokens must be > 0, got {self.max_tokens}")
         if len(self.prompt_ids) == 0:
-            raise ValueError("prompt_ids must not be empty")
+            raise InvalidParameter("prompt_ids", "prompt_ids must not be empty")
         if self.drafter is not None and self.drafter not in DRAFTER_NAMES:
-            raise ValueError(f"drafter must be one of {DRAFTER_NAMES}, got {self.drafter!r}")
+            raise InvalidParameter(
+                "drafter", f"drafter must be one of {DRAFTER_NAMES}, got {self.drafter!r}"
+            )
         if self.depth is not None and (
             isinstance(self.depth, bool)
             or not isinstance(self.depth, int)
             or not 0 <= self.depth <= MAX_DEPTH
         ):
-            raise ValueError(f"depth must be an integer in [0, {MAX_DEPTH}], got {self.depth!r}")
+            raise InvalidParameter(
+                "depth", f"depth must be an integer in [0, {MAX_DEPTH}], got {self.depth!r}"
+            )
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}")
+            raise InvalidParameter("logprobs", f"logprobs must be in [0, 20], got {self.logprobs}")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop must be a list of non-empty strings")
+            raise InvalidParameter("stop", "stop must be a list of non-empty strings")
 
 
 @dataclass(frozen=True)

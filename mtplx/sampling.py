@@ -33,6 +33,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from mtplx.errors import InvalidParameter
+
 __all__ = [
     "SamplerConfig",
     "SpeculativeDecision",
@@ -57,11 +59,11 @@ _PENALTY_RANGE = (-2.0, 2.0)
 _LOGIT_BIAS_RANGE = (-100.0, 100.0)
 
 
-def _check_finite(name: str, value: Any) -> float:
+def _check_finite(name: str, value: Any, param: str | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise InvalidParameter(param or name, f"{name} must be a number, got {value!r}")
     if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise InvalidParameter(param or name, f"{name} must be finite, got {value!r}")
     return float(value)
 
 
@@ -86,39 +88,53 @@ class SamplerConfig:
     def __post_init__(self) -> None:
         temperature = _check_finite("temperature", self.temperature)
         if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+            raise InvalidParameter("temperature", f"temperature must be >= 0, got {temperature}")
         top_p = _check_finite("top_p", self.top_p)
         if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+            raise InvalidParameter("top_p", f"top_p must be in (0, 1], got {top_p}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise InvalidParameter(
+                "top_k", f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}"
+            )
         min_p = _check_finite("min_p", self.min_p)
         if not 0.0 <= min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+            raise InvalidParameter("min_p", f"min_p must be in [0, 1], got {min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = _check_finite(name, getattr(self, name))
             if not _PENALTY_RANGE[0] <= value <= _PENALTY_RANGE[1]:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+                raise InvalidParameter(name, f"{name} must be in [-2, 2], got {value}")
         repetition_penalty = _check_finite("repetition_penalty", self.repetition_penalty)
         if repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
+            raise InvalidParameter(
+                "repetition_penalty", f"repetition_penalty must be > 0, got {repetition_penalty}"
+            )
         if not isinstance(self.logit_bias, Mapping):
-            raise ValueError(
-                f"logit_bias must be a mapping token id -> bias, got {self.logit_bias!r}"
+            raise InvalidParameter(
+                "logit_bias",
+                f"logit_bias must be a mapping token id -> bias, got {self.logit_bias!r}",
             )
         bias: dict[int, float] = {}
         for token_id, value in self.logit_bias.items():
-            token = int(token_id) if isinstance(token_id, str) and token_id.isdigit() else token_id
+            # str.isdigit() also accepts digits int() refuses ("²"): ASCII digits only.
+            is_decimal = isinstance(token_id, str) and token_id.isascii() and token_id.isdigit()
+            token = int(token_id) if is_decimal else token_id
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                raise ValueError(f"logit_bias keys must be token ids >= 0, got {token_id!r}")
-            value = _check_finite(f"logit_bias[{token}]", value)
+                raise InvalidParameter(
+                    "logit_bias", f"logit_bias keys must be token ids >= 0, got {token_id!r}"
+                )
+            value = _check_finite(f"logit_bias[{token}]", value, "logit_bias")
             if not _LOGIT_BIAS_RANGE[0] <= value <= _LOGIT_BIAS_RANGE[1]:
-                raise ValueError(f"logit_bias[{token}] must be in [-100, 100], got {value}")
+                raise InvalidParameter(
+                    "logit_bias", f"logit_bias[{token}] must be in [-100, 100], got {value}"
+                )
             bias[token] = value
         if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
         ):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+            # The seed feeds numpy.random.default_rng([seed, position]): non-negative only.
+            raise InvalidParameter(
+                "seed", f"seed must be an integer >= 0 or None, got {self.seed!r}"
+            )
         for name, value in (
             ("temperature", temperature),
             ("top_p", top_p),
@@ -172,7 +188,9 @@ def apply_penalties(
         logits = logits - config.frequency_penalty * counts - config.presence_penalty * seen
     for token_id, bias in config.logit_bias.items():
         if token_id >= logits.shape[-1]:
-            raise ValueError(f"logit_bias token id {token_id} is outside the vocabulary")
+            raise InvalidParameter(
+                "logit_bias", f"logit_bias token id {token_id} is outside the vocabulary"
+            )
         logits[..., token_id] += bias
     return logits
 
@@ -372,7 +390,9 @@ def mx_apply_penalties(
         vocab_size = logits.shape[-1]
         token_ids = list(config.logit_bias)
         if max(token_ids) >= vocab_size:
-            raise ValueError(f"logit_bias token id {max(token_ids)} is outside the vocabulary")
+            raise InvalidParameter(
+                "logit_bias", f"logit_bias token id {max(token_ids)} is outside the vocabulary"
+            )
         bias = np.zeros(vocab_size, dtype=np.float32)
         bias[token_ids] = list(config.logit_bias.values())
         logits = logits + mx.array(bias)

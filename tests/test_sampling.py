@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats
 
+from mtplx.errors import InvalidParameter
 from mtplx.sampling import (
     SamplerConfig,
     acceptance_probability,
@@ -442,12 +443,22 @@ def test_sampler_config_defaults_match_openai() -> None:
         ("logit_bias", {1: 200.0}),
         ("logit_bias", {-1: 1.0}),
         ("logit_bias", [1, 2]),
+        ("logit_bias", {"²": 1.0}),  # str.isdigit() is True, int() refuses it
         ("seed", 1.5),
+        ("seed", -1),  # numpy.random.default_rng([seed, position]) refuses negatives
     ],
 )
 def test_invalid_sampler_config_names_the_field(field: str, value: object) -> None:
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(InvalidParameter, match=field) as info:
         SamplerConfig(**{field: value})
+    assert info.value.param == field and info.value.code == "invalid_value"
+    assert isinstance(info.value, ValueError)  # callers catching ValueError still do
+
+
+def test_sampler_config_accepts_the_largest_int64_seed() -> None:
+    seed = 2**63 - 1
+    assert SamplerConfig(seed=seed).seed == seed
+    np.random.default_rng([seed, 5])  # what the engine does with it
 
 
 def test_sampler_config_is_frozen() -> None:
