@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,9 +15,13 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from mtplx.errors import InvalidParameter
+from server.request_log import printable
+
 __all__ = [
     "APIError",
     "error_body",
+    "field_path",
     "from_validation_error",
     "from_value_error",
     "install_error_handlers",
@@ -30,6 +35,7 @@ _TYPES = {
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable_error",
@@ -73,55 +79,85 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-# Pydantic inserts union-member and validator tags into error locations; they are not fields.
-_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|literal|function)\b|[\[\-]|^\w+\[")
-
-
-# Where FastAPI found a value; not part of the field's name.
+# Where FastAPI found a value (first in its error locations); not part of the field's name.
 _SOURCES = ("body", "query", "path", "header", "cookie")
 
+# Without the input at hand, union-member and validator tags in a location are told from
+# field names by their look (``str``, ``list[str]``, ``function-after[...]``).
+_TAG = re.compile(r"^(str|int|float|bool|list|dict|none|literal|function)\b|[\[\-]|^\w+\[")
 
-def _field_loc(error: Mapping[str, Any]) -> list[Any]:
+# The dict-key marker pydantic appends when a key (not its value) is invalid.
+_KEY = "[key]"
+
+# Plain ValueErrors (not InvalidParameter) still come from engines that do not raise the
+# typed error; their message starts with one of these field names.
+_UNTYPED_FIELDS = frozenset({"prompt", "prompt_ids", "drafter", "logit_bias", "stop_token_ids"})
+
+
+@dataclass(frozen=True)
+class _Location:
+    """Where a pydantic error points: the field (``messages[0].content``), and, for a
+    union, the field the union is declared on and the member that failed."""
+
+    param: str | None
+    union_param: str | None = None
+    member: str | None = None
+    bad_key: str | None = None
+
+
+def field_path(parts: Sequence[str | int]) -> str | None:
+    """``("messages", 0, "content")`` -> ``messages[0].content``; None when empty."""
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text or None
+
+
+def _locate(error: Mapping[str, Any], data: Any) -> _Location:
+    """Follow the error's ``loc`` through the request's own data: an item that is a key of
+    the current object (or an index of the current list) is part of the field's name;
+    anything else is a union-member or validator tag pydantic inserted. Without the data,
+    tags are recognised by their look."""
     loc = list(error.get("loc", ()))
-    return loc[1:] if loc and loc[0] in _SOURCES else loc
-
-
-def _param(loc: Sequence[Any]) -> str | None:
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        elif (item in _SOURCES and not parts) or (isinstance(item, str) and _TAG.search(item)):
-            continue
+    bad_key = None
+    if _KEY in loc:  # (..., "logit_bias", "²", "[key]"): the dict is the field, "²" the key
+        at = loc.index(_KEY)
+        bad_key = str(loc[at - 1]) if at > 0 else None
+        loc = loc[: max(at - 1, 0)]
+    missing = error.get("type") == "missing"
+    parts: list[str | int] = []
+    union_param, member = None, None
+    node, known = data, data is not None
+    for i, item in enumerate(loc):
+        if known:
+            if isinstance(node, dict) and isinstance(item, str) and item in node:
+                parts.append(item)
+                node = node[item]
+                continue
+            if isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node):
+                parts.append(item)
+                node = node[item]
+                continue
+            is_field = missing and i == len(loc) - 1  # a missing field is not in the data
         else:
-            parts.append(f".{item}" if parts else str(item))
-    return "".join(parts) or None
+            is_field = isinstance(item, int) or not _TAG.search(str(item))
+        if is_field:
+            parts.append(item)
+        elif member is None:
+            union_param, member = field_path(parts), str(item)
+    return _Location(field_path(parts), union_param, member, bad_key)
 
 
-def _union_members(errors: Sequence[Mapping[str, Any]], prefix_len: int) -> list[str]:
-    """Union member tags found right after the failing field, in order, deduplicated."""
-    members: list[str] = []
-    for error in errors:
-        loc = _field_loc(error)
-        if (
-            len(loc) > prefix_len
-            and isinstance(loc[prefix_len], str)
-            and _TAG.search(loc[prefix_len])
-        ):
-            tag = loc[prefix_len].replace("constrained-int", "token id")
-            if tag not in members:
-                members.append(tag)
-    return members
-
-
-def from_validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
+def from_validation_error(errors: Sequence[Mapping[str, Any]], data: Any = None) -> APIError:
     """400 for the first pydantic error, naming the field (``messages[0].role``).
 
-    A union field (``prompt: str | list[str] | ...``) reports one error per member; those
-    become one message listing the accepted forms."""
+    ``data`` is the validated input (the parsed JSON body); it tells field names from the
+    tags pydantic puts in error locations. A union field (``prompt: str | list[str] |
+    ...``) reports one error per member; those become one message listing the accepted
+    forms."""
     error = errors[0]
-    loc = _field_loc(error)
-    param = _param(loc)
+    where = _locate(error, data)
+    param = where.param
     kind = error.get("type", "")
     if kind == "json_invalid":
         return APIError(
@@ -141,11 +177,16 @@ def from_validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
             param=param,
             code="missing_required_parameter",
         )
-    prefix_len = next(
-        (i for i, item in enumerate(loc) if isinstance(item, str) and _TAG.search(item)), None
-    )
-    if prefix_len is not None and len(errors) > 1:
-        members = _union_members(errors, prefix_len)
+    if where.bad_key is not None:
+        message = f"invalid key {where.bad_key!r}: {error.get('msg', 'invalid key')}"
+    elif where.member is not None and len(errors) > 1:
+        members: list[str] = []
+        for other in errors:
+            other_where = _locate(other, data)
+            if other_where.union_param == where.union_param and other_where.member:
+                tag = other_where.member.replace("constrained-int", "token id")
+                if tag not in members:
+                    members.append(tag)
         message = f"expected one of: {', '.join(members)}"
     else:
         message = str(error.get("msg", "invalid value"))
@@ -155,15 +196,23 @@ def from_validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
 
 
 def from_value_error(exc: ValueError, aliases: Mapping[str, str] | None = None) -> APIError:
-    """400 for a ValueError from SamplerConfig / GenerationRequest / engine.validate, whose
-    message starts with the field name; ``aliases`` maps engine names to API names."""
+    """400 for a ValueError from SamplerConfig / GenerationRequest / engine.validate.
+
+    An ``InvalidParameter`` names its field and code; ``aliases`` maps engine field names
+    to API names (``prompt_ids`` -> ``messages``). A plain ValueError (an engine that does
+    not raise the typed error yet) is attributed to a field only when its message starts
+    with a known engine field name."""
     message = str(exc)
-    match = re.match(r"[A-Za-z_]+", message)
-    field = match.group(0) if match else None
-    param = (aliases or {}).get(field or "", field)
-    if "context length" in message or "context window" in message:
-        return APIError(400, message, param=param, code="context_length_exceeded")
-    return APIError(400, message, param=param, code="invalid_value")
+    if isinstance(exc, InvalidParameter):
+        field: str | None = exc.param
+        code = exc.code
+    else:
+        match = re.match(r"[A-Za-z_]+", message)
+        field = match.group(0) if match and match.group(0) in _UNTYPED_FIELDS else None
+        context = "context length" in message or "context window" in message
+        code = "context_length_exceeded" if context else "invalid_value"
+    param = (aliases or {}).get(field, field) if field else None
+    return APIError(400, message, param=param, code=code)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -175,7 +224,25 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return from_validation_error(exc.errors()).response()
+        # FastAPI's locations start with where the value was: ("query", "n").
+        errors = list(exc.errors())
+        loc = tuple(errors[0].get("loc") or ()) if errors else ()
+        source = loc[0] if loc and loc[0] in _SOURCES else None
+        inputs = {
+            "body": exc.body,
+            "query": dict(request.query_params),
+            "path": dict(request.path_params),
+            "header": dict(request.headers),
+            "cookie": dict(request.cookies),
+        }
+        if source is not None:
+            errors = [
+                {**e, "loc": tuple(e.get("loc", ()))[1:]}
+                if tuple(e.get("loc", ()))[:1] == (source,)
+                else e
+                for e in errors
+            ]
+        return from_validation_error(errors, inputs.get(source or "")).response()
 
     @app.exception_handler(ValidationError)
     async def _validation(request: Request, exc: ValidationError) -> JSONResponse:
@@ -188,10 +255,13 @@ def install_error_handlers(app: FastAPI) -> None:
             return APIError(404, message, code="unknown_url").response()
         if exc.status_code == 405:
             message = f"Method {request.method} is not allowed for {request.url.path}"
-            return APIError(405, message, code="method_not_allowed").response()
+            # Starlette's 405 carries the Allow header (RFC 9110 requires it).
+            return APIError(405, message, code="method_not_allowed", headers=exc.headers).response()
         return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.exception(
+            "unhandled error on %s %s", printable(request.method), printable(request.url.path)
+        )
         return APIError(500, "The server had an error while processing your request.").response()

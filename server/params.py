@@ -1,44 +1,29 @@
-"""From a validated OpenAI request to engine input: prompt token ids (chat template or raw
-completion prompts) and one ``GenerationRequest`` per choice, with every limit checked and
-every rejection an ``APIError`` naming the field."""
+"""From a validated OpenAI request to engine input: one ``GenerationRequest`` per choice
+(prompts come from ``server.prompts``), with every limit checked and every rejection an
+``APIError`` naming the field."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 from mtplx.request import GenerationRequest
 from mtplx.sampling import SamplerConfig
 from mtplx.scheduler import EngineLike
 from server.errors import APIError, from_value_error
-from server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, unsupported_fields
+from server.prompts import Prompt, count_prompts
+from server.schemas import ChatCompletionRequest, CompletionRequest, unsupported_fields
 from server.settings import ServerSettings
 
-__all__ = [
-    "Prompt",
-    "aliases_for",
-    "build_requests",
-    "chat_prompt",
-    "check_common",
-    "completion_prompts",
-]
+__all__ = ["aliases_for", "build_requests", "check_common"]
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt as token ids, and its text (for ``echo``)."""
-
-    token_ids: list[int]
-    text: str
 
 
 def check_common(
     body: ChatCompletionRequest | CompletionRequest, settings: ServerSettings, model_names: set[str]
 ) -> None:
-    """Checks that need no tokenizer: unsupported fields, model, n, stream_options."""
+    """Checks that need no tokenizer: unsupported fields, model, n and the number of
+    choices (prompts x n), stream_options."""
     unsupported = unsupported_fields(body)
     if unsupported:
         field, reason = unsupported
@@ -51,6 +36,16 @@ def check_common(
         raise APIError(
             400, f"n must be <= {settings.max_n}, got {body.n}", param="n", code="invalid_value"
         )
+    prompts = count_prompts(body.prompt) if isinstance(body, CompletionRequest) else 1
+    if prompts * body.n > settings.max_choices:
+        param = "prompt" if prompts > settings.max_choices else "n"
+        raise APIError(
+            400,
+            f"a request may ask for at most {settings.max_choices} choices (prompts x n); "
+            f"this one asks for {prompts} x {body.n} = {prompts * body.n}",
+            param=param,
+            code="invalid_value",
+        )
     if body.stream_options is not None and not body.stream:
         raise APIError(
             400,
@@ -58,68 +53,6 @@ def check_common(
             param="stream_options",
             code="invalid_value",
         )
-
-
-def _message_text(message: ChatMessage, index: int) -> str:
-    if isinstance(message.content, str):
-        return message.content
-    texts = []
-    for j, part in enumerate(message.content):
-        if part.type != "text" or part.text is None:
-            raise APIError(
-                400,
-                f"only text content parts are supported, got type {part.type!r}",
-                param=f"messages[{index}].content[{j}]"
-                + (".type" if part.type != "text" else ".text"),
-                code="unsupported_parameter",
-            )
-        texts.append(part.text)
-    return "\n".join(texts)
-
-
-def _as_token_ids(tokenizer: Any, value: Any) -> list[int]:
-    """What ``apply_chat_template(..., tokenize=True)`` returned, as token ids. Depending on
-    the tokenizer and its version that is a list of ids, a batched list, an array, a
-    mapping with ``input_ids`` (transformers 5's BatchEncoding), or the rendered text (a
-    template wrapper that ignores ``tokenize``): that is encoded without adding special
-    tokens again, since the template already wrote them."""
-    if isinstance(value, Mapping):
-        value = value["input_ids"]
-    if isinstance(value, str):
-        return [int(t) for t in tokenizer.encode(value, add_special_tokens=False)]
-    if hasattr(value, "tolist"):
-        value = value.tolist()
-    value = list(value)
-    if value and not isinstance(value[0], int) and hasattr(value[0], "__len__"):  # batched
-        value = list(value[0])
-    return [int(t) for t in value]
-
-
-def chat_prompt(tokenizer: Any, messages: Sequence[ChatMessage]) -> Prompt:
-    """Token ids of the conversation under the model's chat template (generation prompt
-    appended). ``developer`` is sent to the template as ``system``."""
-    conversation = [
-        {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m, i)}
-        for i, m in enumerate(messages)
-    ]
-    try:
-        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
-    except (ValueError, TypeError, KeyError) as exc:  # no template, or one rejecting the roles
-        raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
-    return Prompt(_as_token_ids(tokenizer, ids), "")
-
-
-def completion_prompts(tokenizer: Any, prompt: str | list[Any]) -> list[Prompt]:
-    """One Prompt per entry: a string, a list of strings, token ids or lists of token ids."""
-    if isinstance(prompt, str):
-        return [Prompt(list(tokenizer.encode(prompt)), prompt)]
-    if not prompt:
-        raise APIError(400, "prompt must not be empty", param="prompt", code="invalid_value")
-    if isinstance(prompt[0], int):
-        return [Prompt(list(prompt), tokenizer.decode(prompt))]
-    if isinstance(prompt[0], str):
-        return [Prompt(list(tokenizer.encode(text)), text) for text in prompt]
-    return [Prompt(list(ids), tokenizer.decode(ids)) for ids in prompt]
 
 
 def _max_tokens(

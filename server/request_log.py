@@ -1,11 +1,16 @@
 """One structured log line per request (id, method, endpoint, status, tokens, latency) and
 the request counters / latency histogram. Pure ASGI, so streaming replies are timed to
-their last byte."""
+their last byte.
+
+What the client controls (the path of an unmatched route, the request id) is logged through
+``printable``: control and line-separator characters are escaped, so a ``%0A`` in a URL
+cannot forge a log line."""
 
 from __future__ import annotations
 
 import logging
 import time
+import unicodedata
 import uuid
 from typing import Any
 
@@ -13,9 +18,32 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.metrics import ServerMetrics
 
-__all__ = ["RequestLogMiddleware", "endpoint_label"]
+__all__ = ["RequestLogMiddleware", "endpoint_label", "printable"]
 
 log = logging.getLogger("mtplx.access")
+
+# Control (Cc), format (Cf: bidi overrides, zero-width), line and paragraph separators.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+MAX_LOGGED_CHARS = 256
+
+
+def _escape(char: str) -> str:
+    if char == "\\":
+        return "\\\\"
+    if char.isprintable() and unicodedata.category(char) not in _UNSAFE_CATEGORIES:
+        return char
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
+    """``text`` safe for a one-line log record: backslashes doubled, control characters
+    as ``\\xNN`` / ``\\uNNNN`` / ``\\UNNNNNNNN``, cut to ``limit`` characters (then ``...``)."""
+    cut = len(text) > limit
+    escaped = "".join(_escape(char) for char in text[:limit])
+    return escaped + "..." if cut else escaped
 
 
 def endpoint_label(scope: Scope) -> str:
@@ -39,7 +67,7 @@ class RequestLogMiddleware:
         request_id = ""
         for name, value in scope["headers"]:
             if name == b"x-request-id":
-                request_id = value.decode("latin-1")[:64]
+                request_id = printable(value.decode("latin-1"), 64)
         request_id = request_id or uuid.uuid4().hex[:16]
         state: dict[str, Any] = scope.setdefault("state", {})
         state["request_id"] = request_id
@@ -68,8 +96,8 @@ class RequestLogMiddleware:
                 "request id=%s method=%s endpoint=%s status=%d prompt_tokens=%s "
                 "completion_tokens=%s latency_ms=%.1f",
                 request_id,
-                scope["method"],
-                endpoint if endpoint != "unmatched" else scope["path"],
+                printable(scope["method"]),
+                endpoint if endpoint != "unmatched" else printable(scope["path"]),
                 status,
                 usage.get("prompt_tokens", 0),
                 usage.get("completion_tokens", 0),

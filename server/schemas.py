@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from mtplx.request import DRAFTER_NAMES, MAX_DEPTH
 
@@ -24,7 +24,15 @@ __all__ = [
     "unsupported_fields",
 ]
 
-TokenId = Annotated[int, Field(ge=0)]
+# No vocabulary comes near 2**31; tokenizers overflow on ids past their integer type, so
+# such ids are refused here, before anything decodes them.
+MAX_TOKEN_ID = 2**31 - 1
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+# logit_bias keys are token ids written as decimal strings ("²" is a digit to str.isdigit).
+TokenIdKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
+# OpenAI's seed is an int64; the engine seeds numpy.random.default_rng([seed, position]),
+# which refuses negative seeds.
+MAX_SEED = 2**63 - 1
 
 
 class _Strict(BaseModel):
@@ -74,8 +82,8 @@ class _SamplingFields(_Strict):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    logit_bias: dict[TokenIdKey, float] | None = None
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1)
     stream: bool = False

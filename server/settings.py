@@ -43,7 +43,10 @@ class ServerSettings(BaseSettings):
     api_key: SecretStr | None = None
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 429")
     max_tokens_limit: int = Field(8192, ge=1, description="largest max_tokens a request may ask")
-    max_n: int = Field(16, ge=1, description="largest n (choices per request)")
+    max_n: int = Field(16, ge=1, description="largest n (choices per prompt)")
+    max_choices: int = Field(
+        16, ge=1, description="largest number of choices per request: prompts x n"
+    )
     request_timeout: float = Field(600.0, gt=0, description="seconds, waiting plus generating")
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="larger bodies: 413")
     log_level: Literal["debug", "info", "warning", "error"] = "info"

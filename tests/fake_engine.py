@@ -84,6 +84,7 @@ class FakeEngine:
         default_depth: int | None = 3,
     ) -> None:
         self.tokenizer = FakeTokenizer()
+        self.vocab_size = VOCAB_SIZE
         self.model_name = model_name
         self.context_length = context_length
         self.default_drafter = default_drafter

@@ -9,11 +9,13 @@ from fastapi.responses import Response
 from starlette.requests import Request
 
 from mtplx.request import TokenEvent
+from server.body import parse_json_body
 from server.context import get_context
 from server.generation import ChoiceResult, now, submit
 from server.logprobs import chat_logprobs
-from server.params import aliases_for, build_requests, chat_prompt, check_common
-from server.routes.common import new_id, parse_body, respond
+from server.params import aliases_for, build_requests, check_common
+from server.prompts import chat_prompt, check_prompt_size, in_tokenizer_thread
+from server.routes.common import new_id, respond
 from server.schemas import ChatCompletionRequest
 
 router = APIRouter()
@@ -73,10 +75,11 @@ class ChatChunks:
 async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions, streaming or not."""
     ctx = get_context(request)
-    body = await parse_body(request, ChatCompletionRequest)
+    body = await parse_json_body(request, ChatCompletionRequest)
     engine = ctx.engine()
     check_common(body, ctx.settings, ctx.model_names())
-    prompt = chat_prompt(engine.tokenizer, body.messages)
+    check_prompt_size(body, engine.context_length)
+    prompt = await in_tokenizer_thread(chat_prompt, engine.tokenizer, body.messages)
     requests = build_requests(body, [prompt], engine, ctx.settings)
     ticket = submit(ctx.scheduler, requests, aliases_for(body))
     model = ctx.model_id()

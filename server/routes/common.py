@@ -1,23 +1,20 @@
-"""What the chat and completions routes share: body parsing and the stream-or-collect tail
-of a request."""
+"""What the chat and completions routes share: ids and the stream-or-collect tail of a
+request."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 
 from mtplx.request import GenerationStats
 from mtplx.scheduler import SchedulerError, Ticket
 from server.context import AppContext
-from server.errors import APIError, from_validation_error
 from server.generation import (
     ChoiceResult,
     ClientDisconnected,
@@ -30,9 +27,7 @@ from server.generation import (
 from server.request_log import endpoint_label
 from server.streaming import ChunkFormatter, sse_response, stream_chunks
 
-__all__ = ["new_id", "parse_body", "respond"]
-
-M = TypeVar("M", bound=BaseModel)
+__all__ = ["new_id", "respond"]
 
 BuildReply = Callable[[list[ChoiceResult], dict[str, int], dict[str, Any]], dict[str, Any]]
 
@@ -40,23 +35,6 @@ BuildReply = Callable[[list[ChoiceResult], dict[str, int], dict[str, Any]], dict
 def new_id(prefix: str) -> str:
     """``chatcmpl-…`` / ``cmpl-…`` ids."""
     return f"{prefix}-{uuid.uuid4().hex}"
-
-
-async def parse_body(request: Request, model: type[M]) -> M:
-    """The JSON body validated as ``model``; 400 (never 422) for malformed JSON or values."""
-    raw = await request.body()
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise APIError(
-            400, "We could not parse the JSON body of your request.", code="invalid_json"
-        ) from exc
-    if not isinstance(data, dict):
-        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise from_validation_error(exc.errors()) from exc
 
 
 async def respond(

@@ -9,11 +9,13 @@ from fastapi.responses import Response
 from starlette.requests import Request
 
 from mtplx.request import TokenEvent
+from server.body import parse_json_body
 from server.context import get_context
 from server.generation import ChoiceResult, now, submit
 from server.logprobs import completion_logprobs
-from server.params import Prompt, aliases_for, build_requests, check_common, completion_prompts
-from server.routes.common import new_id, parse_body, respond
+from server.params import aliases_for, build_requests, check_common
+from server.prompts import Prompt, check_prompt_size, completion_prompts, in_tokenizer_thread
+from server.routes.common import new_id, respond
 from server.schemas import CompletionRequest
 
 router = APIRouter()
@@ -92,10 +94,14 @@ class CompletionChunks:
 async def completions(request: Request) -> Response:
     """OpenAI (legacy) completions: one choice set per prompt, streaming or not."""
     ctx = get_context(request)
-    body = await parse_body(request, CompletionRequest)
+    body = await parse_json_body(request, CompletionRequest)
     engine = ctx.engine()
     check_common(body, ctx.settings, ctx.model_names())
-    prompts: list[Prompt] = completion_prompts(engine.tokenizer, body.prompt)
+    # The real engine has vocab_size; EngineLike does not promise it.
+    check_prompt_size(body, engine.context_length, getattr(engine, "vocab_size", None))
+    prompts: list[Prompt] = await in_tokenizer_thread(
+        completion_prompts, engine.tokenizer, body.prompt
+    )
     requests = build_requests(body, prompts, engine, ctx.settings)
     ticket = submit(ctx.scheduler, requests, aliases_for(body))
     model = ctx.model_id()

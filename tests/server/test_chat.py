@@ -189,7 +189,9 @@ async def test_model_may_be_the_served_name(make_app):
     app = make_app(served_model_name="my-model")
     import httpx
 
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+    ) as c:
         r = await c.post(
             "/v1/chat/completions", json={**chat_body(max_tokens=1), "model": "my-model"}
         )
@@ -204,7 +206,7 @@ def test_chat_template_result_shapes(shape):
     # (a wrapper that ignores tokenize=True) the rendered text.
     import numpy as np
 
-    from server.params import chat_prompt
+    from server.prompts import chat_prompt
     from server.schemas import ChatMessage
     from tests.fake_engine import FakeTokenizer
 

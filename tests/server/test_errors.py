@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from mtplx.errors import InvalidParameter
+from server.errors import from_validation_error, from_value_error
 from tests.server.helpers import MODEL, chat_body, completion_body
 
 pytestmark = pytest.mark.anyio
@@ -107,6 +109,8 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
         None,
     ),
     ("unknown-field", CHAT, chat_body(frobnicate=1), 400, "frobnicate", "unknown_parameter"),
+    # A field named like one of FastAPI's value sources is still the field.
+    ("unknown-field-query", CHAT, chat_body(query=1), 400, "query", "unknown_parameter"),
     ("tools", CHAT, chat_body(tools=[{"type": "function"}]), 400, "tools", "unsupported_parameter"),
     (
         "tool-choice",
@@ -212,6 +216,89 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
         "prompt",
         "context_length_exceeded",
     ),
+    # Nesting deeper than the JSON parser's recursion limit (was a 500: RecursionError).
+    ("nested-100k-deep", CHAT, b"[" * 100_000 + b"]" * 100_000, 400, None, "invalid_json"),
+    (
+        "nested-in-a-field",
+        CHAT,
+        json.dumps(chat_body(metadata={"a": json.loads("[" * 200 + "]" * 200)})).encode(),
+        400,
+        "metadata",
+        "invalid_json",
+    ),
+    # A lone surrogate (JSON "\ud800") cannot be encoded (was a 500 in the tokenizer).
+    (
+        "completion-lone-surrogate",
+        COMPLETIONS,
+        b'{"model": "fake-model", "prompt": "a\\ud800b"}',
+        400,
+        "prompt",
+        "invalid_value",
+    ),
+    (
+        "completion-lone-surrogate-in-list",
+        COMPLETIONS,
+        b'{"model": "fake-model", "prompt": ["ok", "\\udfff"]}',
+        400,
+        "prompt[1]",
+        "invalid_value",
+    ),
+    (
+        "chat-lone-surrogate",
+        CHAT,
+        b'{"model": "fake-model", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+        400,
+        "messages[0].content",
+        "invalid_value",
+    ),
+    (
+        "model-lone-surrogate",  # echoed in the 404 message: would fail to encode
+        CHAT,
+        b'{"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]}',
+        400,
+        "model",
+        "invalid_value",
+    ),
+    # Token ids past any integer type a tokenizer decodes (was a 500: OverflowError).
+    ("completion-token-2-40", COMPLETIONS, completion_body([1, 2**40]), 400, "prompt", None),
+    ("completion-token-2-70", COMPLETIONS, completion_body([[2**70]]), 400, "prompt", None),
+    (
+        "completion-token-outside-vocab",
+        COMPLETIONS,
+        completion_body([1, 300]),
+        400,
+        "prompt",
+        "invalid_value",
+    ),
+    ("seed-negative", CHAT, chat_body(seed=-1), 400, "seed", "invalid_value"),
+    ("seed-over-int64", CHAT, chat_body(seed=2**63), 400, "seed", "invalid_value"),
+    # "²".isdigit() is True but int("²") fails (was param "invalid", from the message).
+    ("logit-bias-superscript-key", CHAT, chat_body(logit_bias={"²": 1}), 400, "logit_bias", None),
+    (
+        "completion-too-many-prompts",
+        COMPLETIONS,
+        completion_body(["x"] * 2000),
+        400,
+        "prompt",
+        "invalid_value",
+    ),
+    ("completion-prompts-times-n", COMPLETIONS, completion_body(["x"] * 4, n=5), 400, "n", None),
+    (
+        "chat-message-longer-than-context-could-hold",
+        CHAT,
+        chat_body("x" * (4096 * 16 + 1)),
+        400,
+        "messages",
+        "context_length_exceeded",
+    ),
+    (
+        "completion-prompt-longer-than-context-could-hold",
+        COMPLETIONS,
+        completion_body(["ok", "y" * (4096 * 16 + 1)]),
+        400,
+        "prompt[1]",
+        "context_length_exceeded",
+    ),
 ]
 
 
@@ -246,13 +333,51 @@ async def test_unknown_route_and_method(client):
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
     r = await client.get("/v1/chat/completions")
     assert r.status_code == 405 and "error" in r.json()
+    assert r.headers["allow"] == "POST"  # RFC 9110: a 405 says what is allowed
+
+
+def test_typed_value_error_names_its_field_and_code():
+    error = from_value_error(
+        InvalidParameter("prompt_ids", "prompt_ids must not be empty", code="empty"),
+        {"prompt_ids": "messages"},
+    )
+    assert (error.status, error.param, error.code) == (400, "messages", "empty")
+
+
+def test_untyped_value_error_is_not_named_after_its_first_word():
+    # The message of int("²"): its first word is not a field.
+    error = from_value_error(ValueError("invalid literal for int() with base 10: '²'"))
+    assert error.param is None and error.status == 400
+    error = from_value_error(ValueError("logit_bias token ids [300] are outside the vocabulary"))
+    assert error.param == "logit_bias"
+
+
+def test_validation_error_location_follows_the_data():
+    # A dict key that looks like a union tag ("list", "a-b") is still a key; a union
+    # member tag is never part of the field name.
+    data = {"logit_bias": {"list": "x", "a-b": "y"}, "prompt": [[1, -1]]}
+    errors = [{"type": "float_parsing", "loc": ("logit_bias", "list"), "msg": "not a number"}]
+    assert from_validation_error(errors, data).param == "logit_bias.list"
+    errors = [{"type": "float_parsing", "loc": ("logit_bias", "a-b"), "msg": "not a number"}]
+    assert from_validation_error(errors, data).param == "logit_bias.a-b"
+    errors = [
+        {"type": "string_type", "loc": ("prompt", "str"), "msg": "m"},
+        {"type": "greater_than_equal", "loc": ("prompt", "list[list[int]]", 0, 1), "msg": "m"},
+    ]
+    error = from_validation_error(errors, data)
+    assert error.param == "prompt" and "str, list[list[int]]" in error.message
+    errors = [{"type": "missing", "loc": ("messages", 0, "role"), "msg": "Field required"}]
+    error = from_validation_error(errors, {"messages": [{"content": "x"}]})
+    assert error.param == "messages[0].role" and error.code == "missing_required_parameter"
 
 
 async def test_huge_body_is_413(make_app):
     import httpx
 
     app = make_app(max_request_bytes=4096)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://localhost"
+    ) as c:
         r = await c.post(CHAT, json=chat_body("x" * 10_000))
         assert r.status_code == 413
         assert r.json()["error"]["code"] == "request_too_large"

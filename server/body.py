@@ -1,0 +1,108 @@
+"""Reading a JSON request body into a pydantic model, refusing everything the model itself
+cannot: a content type other than JSON (415: a page's cross-site ``text/plain`` POST needs
+no CORS preflight), nesting deep enough to exhaust the parser's recursion, and strings that
+cannot be encoded as UTF-8 (lone surrogates, which JSON's ``\\ud800`` escape allows).
+
+Parsing and validating run in a worker thread: a body near the size limit takes long
+enough to decode that doing it on the event loop would stall every other request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+
+from server.errors import APIError, field_path, from_validation_error
+
+__all__ = ["MAX_JSON_DEPTH", "check_json_values", "decode_json", "parse_json_body"]
+
+M = TypeVar("M", bound=BaseModel)
+
+# No request needs more than a handful of levels (chat content parts are 4 deep).
+MAX_JSON_DEPTH = 64
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_json_values(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Raise a 400 APIError for nesting deeper than ``max_depth`` or a string (value or
+    key) holding a lone surrogate, naming where. Iterative: depth costs no recursion."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > max_depth:
+            raise APIError(
+                400,
+                f"The JSON body is nested more than {max_depth} levels deep.",
+                param=field_path(path[:1]),
+                code="invalid_json",
+            )
+        if isinstance(value, str):
+            if not value.isascii() and _SURROGATE.search(value):
+                raise APIError(
+                    400,
+                    f"Invalid value for '{field_path(path)}': the string contains a lone UTF-16 "
+                    "surrogate (\\ud800-\\udfff), which is not a character",
+                    param=field_path(path),
+                    code="invalid_value",
+                )
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not key.isascii() and _SURROGATE.search(key):
+                    raise APIError(
+                        400,
+                        f"Invalid key in '{field_path(path)}': it contains a lone UTF-16 surrogate",
+                        param=field_path(path),
+                        code="invalid_value",
+                    )
+                stack.append((item, (*path, key)))
+        elif isinstance(value, list):
+            stack.extend((item, (*path, i)) for i, item in enumerate(value))
+
+
+def decode_json(raw: bytes, model: type[M]) -> M:
+    """``raw`` parsed, checked and validated as ``model``; 400 APIErrors otherwise."""
+    try:
+        data = json.loads(raw)
+    except RecursionError as exc:  # the C parser recurses once per nesting level
+        raise APIError(
+            400,
+            f"The JSON body is nested more than {MAX_JSON_DEPTH} levels deep.",
+            code="invalid_json",
+        ) from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(
+            400, "We could not parse the JSON body of your request.", code="invalid_json"
+        ) from exc
+    if not isinstance(data, dict):
+        raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    check_json_values(data)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc.errors(), data) from exc
+
+
+def _is_json(content_type: str) -> bool:
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    return media_type == "application/json"
+
+
+async def parse_json_body(request: Request, model: type[M]) -> M:
+    """The body validated as ``model``: 415 unless it is sent as ``application/json``, 400
+    (never 422) for malformed JSON or values."""
+    content_type = request.headers.get("content-type", "")
+    if not _is_json(content_type):
+        raise APIError(
+            415,
+            "Unsupported Content-Type "
+            f"{content_type[:100]!r}: send the body as 'application/json'.",
+            code="unsupported_media_type",
+        )
+    raw = await request.body()
+    return await run_in_threadpool(decode_json, raw, model)

@@ -1,0 +1,182 @@
+"""Prompts as token ids: the chat template over the messages, or the completions prompt
+(strings or token ids), with the checks that must come before any tokenizer work.
+
+Size is checked before tokenizing (a prompt with more characters than the context could
+hold at ``CHARS_PER_TOKEN_BOUND`` characters a token cannot fit, whatever the tokenizer),
+token ids against the vocabulary before decoding them (a tokenizer overflows on ids past
+its integer type), and tokenizing itself runs in a worker thread, one at a time, so a
+long prompt never stalls the event loop (and /health with it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from starlette.concurrency import run_in_threadpool
+
+from server.errors import APIError
+from server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+
+__all__ = [
+    "CHARS_PER_TOKEN_BOUND",
+    "Prompt",
+    "chat_prompt",
+    "check_prompt_size",
+    "completion_prompts",
+    "count_prompts",
+    "in_tokenizer_thread",
+]
+
+# More characters per token than any tokenizer averages over a whole prompt (English runs
+# about 4, code about 3; only long runs of repeated whitespace merge further).
+CHARS_PER_TOKEN_BOUND = 16
+
+T = TypeVar("T")
+
+# Tokenizers are not guaranteed thread-safe (the Rust one refuses a concurrent mutable
+# borrow); requests tokenize one at a time, off the event loop.
+_TOKENIZER_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt as token ids, and its text (for ``echo``)."""
+
+    token_ids: list[int]
+    text: str
+
+
+def count_prompts(prompt: str | list[Any]) -> int:
+    """How many prompts a completions ``prompt`` holds (a string or a list of token ids
+    is one)."""
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return 1
+    return len(prompt)
+
+
+def _too_long(param: str, size: str, context_length: int) -> APIError:
+    return APIError(
+        400,
+        f"This model's maximum context length is {context_length} tokens. However, {size}, "
+        "more than that context can hold.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def _content_chars(message: ChatMessage) -> int:
+    if isinstance(message.content, str):
+        return len(message.content)
+    return sum(len(part.text or "") for part in message.content)
+
+
+def check_prompt_size(
+    body: ChatCompletionRequest | CompletionRequest,
+    context_length: int,
+    vocab_size: int | None = None,
+) -> None:
+    """400 for a prompt that cannot fit the context, judged without tokenizing: more than
+    ``context_length * CHARS_PER_TOKEN_BOUND`` characters, or at least ``context_length``
+    token ids; and for token ids outside the vocabulary (when its size is known)."""
+    max_chars = context_length * CHARS_PER_TOKEN_BOUND
+    if isinstance(body, ChatCompletionRequest):
+        chars = sum(_content_chars(m) for m in body.messages)
+        if chars > max_chars:
+            raise _too_long("messages", f"your messages are {chars} characters", context_length)
+        return
+    prompt = body.prompt
+    if not prompt:
+        return  # completion_prompts names the empty prompt
+    prompts = [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
+    for i, entry in enumerate(prompts):
+        param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if isinstance(entry, str):
+            if len(entry) > max_chars:
+                raise _too_long(param, f"the prompt is {len(entry)} characters", context_length)
+            continue
+        if len(entry) >= context_length:
+            raise _too_long(param, f"the prompt is {len(entry)} tokens", context_length)
+        if vocab_size is not None:
+            bad = [t for t in entry if t >= vocab_size]
+            if bad:
+                raise APIError(
+                    400,
+                    f"prompt token ids {bad[:5]} are outside the vocabulary (size {vocab_size})",
+                    param=param,
+                    code="invalid_value",
+                )
+
+
+def _message_text(message: ChatMessage, index: int) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    texts = []
+    for j, part in enumerate(message.content):
+        if part.type != "text" or part.text is None:
+            raise APIError(
+                400,
+                f"only text content parts are supported, got type {part.type!r}",
+                param=f"messages[{index}].content[{j}]"
+                + (".type" if part.type != "text" else ".text"),
+                code="unsupported_parameter",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _as_token_ids(tokenizer: Any, value: Any) -> list[int]:
+    """What ``apply_chat_template(..., tokenize=True)`` returned, as token ids. Depending on
+    the tokenizer and its version that is a list of ids, a batched list, an array, a
+    mapping with ``input_ids`` (transformers 5's BatchEncoding), or the rendered text (a
+    template wrapper that ignores ``tokenize``): that is encoded without adding special
+    tokens again, since the template already wrote them."""
+    if isinstance(value, Mapping):
+        value = value["input_ids"]
+    if isinstance(value, str):
+        return [int(t) for t in tokenizer.encode(value, add_special_tokens=False)]
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    value = list(value)
+    if value and not isinstance(value[0], int) and hasattr(value[0], "__len__"):  # batched
+        value = list(value[0])
+    return [int(t) for t in value]
+
+
+def chat_prompt(tokenizer: Any, messages: Sequence[ChatMessage]) -> Prompt:
+    """Token ids of the conversation under the model's chat template (generation prompt
+    appended). ``developer`` is sent to the template as ``system``."""
+    conversation = [
+        {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m, i)}
+        for i, m in enumerate(messages)
+    ]
+    try:
+        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+    except (ValueError, TypeError, KeyError) as exc:  # no template, or one rejecting the roles
+        raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
+    return Prompt(_as_token_ids(tokenizer, ids), "")
+
+
+def completion_prompts(tokenizer: Any, prompt: str | list[Any]) -> list[Prompt]:
+    """One Prompt per entry: a string, a list of strings, token ids or lists of token ids."""
+    if isinstance(prompt, str):
+        return [Prompt(list(tokenizer.encode(prompt)), prompt)]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", param="prompt", code="invalid_value")
+    if isinstance(prompt[0], int):
+        return [Prompt(list(prompt), tokenizer.decode(prompt))]
+    if isinstance(prompt[0], str):
+        return [Prompt(list(tokenizer.encode(text)), text) for text in prompt]
+    return [Prompt(list(ids), tokenizer.decode(ids)) for ids in prompt]
+
+
+def _locked(function: Callable[..., T], *args: Any) -> T:
+    with _TOKENIZER_LOCK:
+        return function(*args)
+
+
+async def in_tokenizer_thread(function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` in a worker thread, one tokenizing call at a time."""
+    return await run_in_threadpool(_locked, function, *args)

@@ -1,0 +1,71 @@
+"""Reading JSON bodies: only ``application/json`` (415 otherwise, before any work), nesting
+and lone surrogates refused by name, parsing off the event loop."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server.body import MAX_JSON_DEPTH, check_json_values, decode_json
+from server.errors import APIError
+from server.schemas import CompletionRequest
+from tests.server.helpers import chat_body, completion_body
+
+pytestmark = pytest.mark.anyio
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None],
+)
+async def test_a_post_that_is_not_json_is_415_and_generates_nothing(client, engine, content_type):
+    # text/plain is what a web page can POST cross-site without a CORS preflight.
+    headers = {"content-type": content_type} if content_type else {}
+    body = json.dumps(chat_body(max_tokens=2)).encode()
+    r = await client.post(CHAT, content=body, headers=headers)
+    assert r.status_code == 415, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "unsupported_media_type"
+    assert error["type"] == "invalid_request_error"
+    assert engine.requests == []
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON"])
+async def test_json_content_type_with_parameters_or_case(client, content_type):
+    body = json.dumps(chat_body(max_tokens=2)).encode()
+    r = await client.post(CHAT, content=body, headers={"content-type": content_type})
+    assert r.status_code == 200, r.text
+
+
+def _lists(depth: int) -> list:
+    return json.loads("[" * depth + "]" * depth)
+
+
+def test_depth_limit_names_the_top_level_field():
+    check_json_values({"metadata": _lists(MAX_JSON_DEPTH)})  # the deepest value allowed
+    too_deep = {"metadata": _lists(MAX_JSON_DEPTH + 1)}
+    with pytest.raises(APIError) as info:
+        check_json_values(too_deep)
+    assert info.value.param == "metadata" and info.value.code == "invalid_json"
+
+
+def test_lone_surrogates_are_found_in_values_and_keys():
+    with pytest.raises(APIError) as info:
+        check_json_values({"messages": [{"role": "user", "content": "ok \udc00"}]})
+    assert info.value.param == "messages[0].content"
+    with pytest.raises(APIError) as info:
+        check_json_values({"logit_bias": {"\ud800": 1}})
+    assert info.value.param == "logit_bias"
+    check_json_values({"prompt": "a pair is fine: \U0001f642 日本"})
+
+
+def test_decode_json_passes_the_data_to_the_error_location():
+    # The error's location is read against the parsed body: "5" is a key of logit_bias.
+    raw = json.dumps(completion_body(logit_bias={"5": "high"})).encode()
+    with pytest.raises(APIError) as info:
+        decode_json(raw, CompletionRequest)
+    assert info.value.param == "logit_bias.5"
