@@ -9,6 +9,7 @@ at module level.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -75,6 +76,16 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.add_argument("--config", metavar="FILE", help="YAML settings (see configs/)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or MTPLX_API_KEY)")
+    p.add_argument(
+        "--allowed-hosts",
+        metavar="H1,H2",
+        help="Host header names accepted besides localhost/127.0.0.1/[::1] ('*' = any)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        metavar="O1,O2",
+        help="browser origins allowed by CORS, e.g. http://localhost:3000 ('*' = any)",
+    )
     p.add_argument("--max-queue", type=int, help="waiting requests before 429")
     p.add_argument("--max-tokens-limit", type=int, help="largest max_tokens a request may ask")
     p.add_argument("--served-model-name", help="the model id clients send")
@@ -181,19 +192,36 @@ def engine_factory(
     return build
 
 
+# Absolute paths (POSIX or Windows) in a message: /health is open, paths stay private.
+_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/][^\s'\",;:()]*[\\/][^\s'\",;:()]*")
+
+
 def describe_blas() -> Mapping[str, Any]:
-    """What /health reports as BLAS: the library MLX's CPU backend calls (``mtplx.blas``),
-    its thread count, whether it is the fast one, and why not when it is not."""
+    """What /health reports as BLAS (``mtplx.blas``): its name, thread count, whether it is
+    the fast one, and why not when it is not. The library's path is left out (start-up
+    logs it), and paths in the fallback reason are replaced by ``<path>``: /health answers
+    without the API key."""
     from mtplx.blas import blas_info
 
     info = blas_info()
+    reason = info.fallback_reason
     return {
         "name": info.name,
-        "library": info.library,
         "threads": info.threads,
         "fast": info.fast,
-        "fallback_reason": info.fallback_reason,
+        "fallback_reason": _PATH.sub("<path>", reason) if reason else reason,
     }
+
+
+def _settings_problems(exc: Any) -> str:
+    """A pydantic ValidationError as ``field: message`` lines, without the rejected input
+    (which, for api_key, is the secret)."""
+    lines = []
+    for error in exc.errors():
+        field = ".".join(str(item) for item in error.get("loc", ())) or "settings"
+        message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+        lines.append(f"{field}: {message}")
+    return "; ".join(lines)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -210,6 +238,8 @@ def serve(args: argparse.Namespace) -> int:
         "host": args.host,
         "port": args.port,
         "api_key": args.api_key,
+        "allowed_hosts": args.allowed_hosts,
+        "allowed_origins": args.allowed_origins,
         "max_queue": args.max_queue,
         "max_tokens_limit": args.max_tokens_limit,
         "served_model_name": args.served_model_name,
@@ -217,8 +247,11 @@ def serve(args: argparse.Namespace) -> int:
     }
     try:
         settings = load_settings(args.config, overrides)
-    except (ConfigError, ValidationError) as exc:
+    except ConfigError as exc:
         print(f"mtplx serve: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        print(f"mtplx serve: invalid settings: {_settings_problems(exc)}", file=sys.stderr)
         return 2
     if settings.api_key is None and not is_loopback(settings.host):
         print(

@@ -1,7 +1,8 @@
 """The FastAPI application factory.
 
-``create_app(engine_or_scheduler, settings)`` wires the routes, the error handlers and the
-ASGI middleware (request log outermost, then API key, then body limit). The engine is
+``create_app(engine_or_scheduler, settings)`` wires the routes, the error handlers, the
+OpenAPI request bodies and the ASGI middleware: request log outermost, then the Host check,
+CORS (when origins are allowed), the API key, and the body limit. The engine is
 plugged in through a ``Scheduler``: pass one (``Scheduler(factory)`` loads the model on the
 engine thread while /health answers 503), or pass an engine and one is made around it.
 """
@@ -14,15 +15,19 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from mtplx.scheduler import EngineLike, Scheduler
 from server.auth import ApiKeyMiddleware
 from server.context import AppContext
+from server.cross_site import HostCheckMiddleware, allowed_host_names
 from server.errors import install_error_handlers
 from server.limits import BodyLimitMiddleware
 from server.metrics import ServerMetrics
+from server.openapi import document_request_bodies
 from server.request_log import RequestLogMiddleware
 from server.routes import chat, completions, system
+from server.schemas import ChatCompletionRequest, CompletionRequest
 from server.settings import ServerSettings
 
 __all__ = ["create_app"]
@@ -67,9 +72,28 @@ def create_app(
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(system.router)
+    document_request_bodies(
+        app,
+        {
+            ("post", "/v1/chat/completions"): ChatCompletionRequest,
+            ("post", "/v1/completions"): CompletionRequest,
+        },
+    )
     # add_middleware wraps: the last added is the outermost.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     if settings.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value())
+    if settings.allowed_origins:
+        # Outside the API key: a browser's preflight carries no Authorization header.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=["*"] if "*" in settings.allowed_origins else settings.allowed_origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id", "retry-after"],
+        )
+    allowed_hosts = allowed_host_names(settings)
+    if allowed_hosts is not None:
+        app.add_middleware(HostCheckMiddleware, allowed=allowed_hosts)
     app.add_middleware(RequestLogMiddleware, metrics=metrics)
     return app

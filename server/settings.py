@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 __all__ = ["ConfigError", "ServerSettings", "is_loopback", "load_settings", "read_config_file"]
 
@@ -41,6 +46,15 @@ class ServerSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_key: SecretStr | None = None
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host header names accepted besides localhost, 127.0.0.1 and [::1] "
+        "(comma list; * = any). Empty: only those on a loopback bind, any otherwise",
+    )
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="browser origins allowed by CORS (comma list; * = any); empty: no CORS",
+    )
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 429")
     max_tokens_limit: int = Field(8192, ge=1, description="largest max_tokens a request may ask")
     max_n: int = Field(16, ge=1, description="largest n (choices per prompt)")
@@ -50,6 +64,33 @@ class ServerSettings(BaseSettings):
     request_timeout: float = Field(600.0, gt=0, description="seconds, waiting plus generating")
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="larger bodies: 413")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("api_key")
+    @classmethod
+    def _usable_api_key(cls, value: SecretStr | None) -> SecretStr | None:
+        # An empty key would pass the "no key on a public bind" guard and then be matched
+        # by a request without any Authorization header.
+        if value is None:
+            return None
+        key = value.get_secret_value()
+        if not key.strip():
+            raise ValueError(
+                "api_key is empty or whitespace; pass a real key, or leave --api-key and "
+                "MTPLX_API_KEY unset for no key"
+            )
+        if key != key.strip():
+            raise ValueError(
+                "api_key has leading or trailing whitespace, which clients cannot send"
+            )
+        return value
+
+    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        # MTPLX_ALLOWED_HOSTS="a.example, b.example" and --allowed-hosts a,b are comma lists.
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
 
     @classmethod
     def settings_customise_sources(

@@ -74,6 +74,37 @@ def test_non_loopback_without_key_refuses(capsys, monkeypatch):
     assert "API key" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+@pytest.mark.parametrize("key", ["", "   "])
+def test_empty_api_key_is_refused_at_start_up(host, key, capsys, monkeypatch):
+    # An empty key used to pass the public-bind guard and then match requests that send
+    # no Authorization header at all.
+    monkeypatch.setattr(serve_commands, "run_server", lambda *a: pytest.fail("server started"))
+    monkeypatch.delenv("MTPLX_API_KEY", raising=False)
+    assert cli.main(["serve", "m", "--host", host, "--api-key", key]) == 2
+    assert "api_key is empty or whitespace" in capsys.readouterr().err
+    monkeypatch.setenv("MTPLX_API_KEY", key)
+    assert cli.main(["serve", "m", "--host", host]) == 2
+    assert "api_key is empty or whitespace" in capsys.readouterr().err
+
+
+def test_bad_api_key_message_does_not_echo_the_key(capsys, monkeypatch):
+    monkeypatch.setattr(serve_commands, "run_server", lambda *a: pytest.fail("server started"))
+    assert cli.main(["serve", "m", "--api-key", "s3cret-value "]) == 2
+    err = capsys.readouterr().err
+    assert "leading or trailing whitespace" in err and "s3cret" not in err
+
+
+def test_allowed_hosts_and_origins_from_the_command_line(monkeypatch, fake_engine_modules):
+    seen = {}
+    monkeypatch.setattr(serve_commands, "run_server", lambda app, *a: seen.update(app=app))
+    argv = ["serve", "/ckpt", "--allowed-hosts", "llm.lan,box.local"]
+    assert cli.main([*argv, "--allowed-origins", "http://localhost:3000"]) == 0
+    settings = seen["app"].state.ctx.settings
+    assert settings.allowed_hosts == ["llm.lan", "box.local"]
+    assert settings.allowed_origins == ["http://localhost:3000"]
+
+
 def test_unknown_config_key_is_reported(tmp_path, capsys):
     config = tmp_path / "c.yaml"
     config.write_text("prot: 1\n")
@@ -157,11 +188,37 @@ def test_health_blas_comes_from_mtplx_blas():
     info = blas_info()
     assert described == {
         "name": info.name,
-        "library": info.library,
         "threads": info.threads,
         "fast": info.fast,
         "fallback_reason": info.fallback_reason,
     }
+
+
+def test_health_blas_shows_no_paths(monkeypatch):
+    # /health answers without the API key: the library's location stays private.
+    import mtplx.blas
+    from mtplx.blas import BlasInfo
+
+    shim = BlasInfo(
+        name="openblas", library="/home/me/.cache/mtplx/libshim.so", threads=4, fast=True
+    )
+    monkeypatch.setattr(mtplx.blas, "blas_info", lambda: shim)
+    assert serve_commands.describe_blas() == {
+        "name": "openblas",
+        "threads": 4,
+        "fast": True,
+        "fallback_reason": None,
+    }
+    failed = BlasInfo(
+        name="reference",
+        library=None,
+        threads=1,
+        fast=False,
+        fallback_reason="OSError: /opt/x/libopenblas.so: cannot open shared object file",
+    )
+    monkeypatch.setattr(mtplx.blas, "blas_info", lambda: failed)
+    reason = serve_commands.describe_blas()["fallback_reason"]
+    assert reason == "OSError: <path>: cannot open shared object file"
 
 
 def test_generate_on_a_real_checkpoint(llama_mtp_checkpoint, capsys):

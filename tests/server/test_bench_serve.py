@@ -21,7 +21,7 @@ def test_percentile() -> None:
 
 async def test_bench_serve_levels(app) -> None:
     levels = await bench_serve(
-        "http://test",
+        "http://localhost",
         concurrency=[1, 4],
         requests_per_level=4,
         max_tokens=5,
@@ -36,5 +36,5 @@ async def test_bench_serve_levels(app) -> None:
         assert level.ttft_p50 <= level.latency_p50
         # the engine's seconds come from each reply's mtplx block, and fit inside its latency
         assert 0.0 <= level.http_efficiency <= 1.0
-    table = markdown(levels, "http://test")
+    table = markdown(levels, "http://localhost")
     assert "| concurrency |" in table and "| 4 | 4 | 0 |" in table

@@ -31,7 +31,7 @@ def app(make_app: Any, real_engine: Any) -> Any:
 @pytest.fixture
 async def client(app: Any) -> Any:
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
         yield c
 
 

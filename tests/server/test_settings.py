@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from server.settings import ConfigError, ServerSettings, is_loopback, load_settings
+from server.settings import (
+    ConfigError,
+    ServerSettings,
+    is_loopback,
+    load_settings,
+    read_config_file,
+)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -35,6 +41,47 @@ def test_precedence_cli_over_env_over_file(tmp_path, monkeypatch):
 def test_api_key_from_environment(monkeypatch):
     monkeypatch.setenv("MTPLX_API_KEY", "k")
     assert load_settings().api_key.get_secret_value() == "k"
+
+
+@pytest.mark.parametrize("key", ["", " ", "\n"])
+def test_empty_api_key_is_refused_from_every_source(key, tmp_path, monkeypatch):
+    monkeypatch.setenv("MTPLX_API_KEY", key)
+    with pytest.raises(ValidationError, match="api_key is empty or whitespace"):
+        load_settings()
+    monkeypatch.delenv("MTPLX_API_KEY")
+    with pytest.raises(ValidationError, match="api_key is empty or whitespace"):
+        load_settings(None, {"api_key": key})
+    config = tmp_path / "c.yaml"
+    config.write_text('api_key: ""\n')
+    with pytest.raises(ValidationError, match="api_key is empty or whitespace"):
+        load_settings(config)
+
+
+def test_api_key_with_surrounding_whitespace_is_refused():
+    with pytest.raises(ValidationError, match="leading or trailing whitespace"):
+        ServerSettings(api_key="k3y\n")
+
+
+def test_allowed_hosts_and_origins_are_comma_lists(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTPLX_ALLOWED_HOSTS", "llm.lan, box.local,")
+    monkeypatch.setenv("MTPLX_ALLOWED_ORIGINS", "http://localhost:3000")
+    settings = load_settings()
+    assert settings.allowed_hosts == ["llm.lan", "box.local"]
+    assert settings.allowed_origins == ["http://localhost:3000"]
+    config = tmp_path / "c.yaml"
+    config.write_text("allowed_hosts: [a.lan]\n")
+    monkeypatch.delenv("MTPLX_ALLOWED_HOSTS")
+    assert load_settings(config).allowed_hosts == ["a.lan"]
+    assert load_settings(config, {"allowed_hosts": "*"}).allowed_hosts == ["*"]
+    assert load_settings(None).allowed_origins == ["http://localhost:3000"]
+
+
+def test_default_config_lists_every_setting_with_its_default(monkeypatch):
+    for name in ServerSettings.model_fields:
+        monkeypatch.delenv(f"MTPLX_{name.upper()}", raising=False)
+    listed = read_config_file(CONFIGS / "default.yaml")
+    assert set(listed) == set(ServerSettings.model_fields)
+    assert load_settings(CONFIGS / "default.yaml") == load_settings()
 
 
 def test_unknown_key_in_config_is_named(tmp_path):

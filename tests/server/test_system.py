@@ -16,7 +16,7 @@ pytestmark = pytest.mark.anyio
 
 
 def _client(app) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost")
 
 
 async def test_models(client):
@@ -152,6 +152,35 @@ async def test_api_key(make_app):
         r = await c.post("/v1/chat/completions", json=chat_body(max_tokens=2), headers=good)
         assert r.status_code == 200
         assert (await c.get("/health")).status_code == 200  # open for health checks
+
+
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"])
+async def test_api_key_guards_the_api_documents(make_app, path):
+    app = make_app(api_key="s3cret")
+    async with _client(app) as c:
+        r = await c.get(path)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = await c.get(path, headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+        assert (await c.get("/metrics")).status_code == 200  # open for scrapers
+
+
+async def test_documents_are_open_without_an_api_key(client):
+    assert (await client.get("/openapi.json")).status_code == 200
+    assert (await client.get("/docs")).status_code == 200
+
+
+@pytest.mark.parametrize("key", ["", "   ", "\t"])
+def test_an_empty_api_key_is_refused(key):
+    from pydantic import ValidationError
+
+    from server.auth import ApiKeyMiddleware
+    from server.settings import ServerSettings
+
+    with pytest.raises(ValidationError, match="empty or whitespace"):
+        ServerSettings(api_key=key)
+    with pytest.raises(ValueError, match="empty or whitespace"):
+        ApiKeyMiddleware(lambda scope, receive, send: None, key)
 
 
 async def test_one_log_line_per_request_with_id(client, caplog):
