@@ -283,7 +283,7 @@ def _cache_dir() -> Path:
 
 # Decoding's products have few rows (the tokens of one forward); up to this many rows
 # cblas_sgemm runs the batch-invariant kernel of blas_invariant.c, beyond it OpenBLAS.
-INVARIANT_MAX_ROWS = 16
+INVARIANT_MAX_ROWS = 96
 _INVARIANT_SOURCE = Path(__file__).with_name("blas_invariant.c")
 
 

@@ -43,12 +43,18 @@ static float reduce_lanes(v8 lo, v8 hi) {
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
-/* The tail (k >= K rounded down to 16) goes into the same lanes, by k mod 16. */
-static void add_tail(v8 *lo, v8 *hi, const float *a, const float *b, int k, int K) {
-    float t[LANES] = {0};
-    for (int l = 0; k < K; k++, l++) t[l] = a[k] * b[k];
-    *lo += load8(t);
-    *hi += load8(t + 8);
+/* Add one chunk of 16 terms per row: lane l of lo (hi) takes the term k0 + l (k0 + 8 + l).
+ * Full chunks and the zero-padded tail go through this one expression, so a tail term is
+ * rounded exactly as in a full chunk (the compiler fuses the multiply-add in both or in
+ * neither): a product padded with trailing zeros (a row's masked attention keys) gives the
+ * same bits as the unpadded one. */
+static inline __attribute__((always_inline)) void add_chunk(v8 *lo, v8 *hi, const float *a,
+                                                            long am, const float *b, int ROWS) {
+    v8 bl = load8(b), bh = load8(b + 8);
+    for (int r = 0; r < ROWS; r++) {
+        lo[r] += load8(a + r * am) * bl;
+        hi[r] += load8(a + r * am + 8) * bh;
+    }
 }
 
 /* sum_k a[r*am + k] * b[k] in the fixed order for ROWS (1 to 4) rows of A against one column
@@ -60,17 +66,16 @@ static inline __attribute__((always_inline)) void dot_rows_fixed(const float *a,
                                                                  float *out) {
     v8 lo[4] = {{0}}, hi[4] = {{0}};
     int k = 0;
-    for (; k + LANES <= K; k += LANES) {
-        v8 bl = load8(b + k), bh = load8(b + k + 8);
-        for (int r = 0; r < ROWS; r++) {
-            lo[r] += load8(a + r * am + k) * bl;
-            hi[r] += load8(a + r * am + k + 8) * bh;
+    for (; k + LANES <= K; k += LANES) add_chunk(lo, hi, a + k, am, b + k, ROWS);
+    if (k < K) { /* the tail, zero-padded to a chunk */
+        float ta[4 * LANES] = {0}, tb[LANES] = {0};
+        for (int i = k; i < K; i++) {
+            tb[i - k] = b[i];
+            for (int r = 0; r < ROWS; r++) ta[r * LANES + i - k] = a[r * am + i];
         }
+        add_chunk(lo, hi, ta, LANES, tb, ROWS);
     }
-    for (int r = 0; r < ROWS; r++) {
-        add_tail(&lo[r], &hi[r], a + r * am, b, k, K);
-        out[r] = reduce_lanes(lo[r], hi[r]);
-    }
+    for (int r = 0; r < ROWS; r++) out[r] = reduce_lanes(lo[r], hi[r]);
 }
 
 static void store(float *c, float value, float alpha, float beta) {

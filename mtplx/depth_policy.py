@@ -57,31 +57,49 @@ class AdaptiveDepth:
             total += survive
         return total
 
-    def choose(self, limit: int | None = None) -> int:
-        """The depth for the next cycle, at most ``limit``."""
-        max_depth = self.max_depth if limit is None else min(self.max_depth, limit)
-        rates = [self.expected_tokens(k) / self.cycle_cost[k] for k in range(max_depth + 1)]
+    def choose(
+        self,
+        limit: int | None = None,
+        cycle_cost: Sequence[float] | None = None,
+        other_tokens: float = 0.0,
+    ) -> int:
+        """The depth for the next cycle, at most ``limit``. ``cycle_cost`` replaces the
+        policy's own costs for this choice (a batch step's cost as a function of this row's
+        depth), and ``other_tokens`` is what the rest of the batch commits in that step: the
+        policy then maximises the step's tokens per second, not this row's alone."""
+        costs = self.cycle_cost if cycle_cost is None else list(cycle_cost)
+        max_depth = min(self.max_depth, len(costs) - 1)
+        if limit is not None:
+            max_depth = min(max_depth, limit)
+        rates = [
+            (self.expected_tokens(k) + other_tokens) / costs[k] for k in range(max_depth + 1)
+        ]
         best = max(range(max_depth + 1), key=rates.__getitem__)
         if best == 0 and max_depth > 0:
             self.plain_cycles += 1
-            interval = self.plain_cycles_per_probe()
+            interval = self.plain_cycles_per_probe(costs, other_tokens)
             if interval is not None and self.plain_cycles >= interval:
                 self.plain_cycles = 0
                 return 1  # keep measuring, so a drafter that starts to pay is noticed
         return best
 
-    def plain_cycles_per_probe(self) -> int | None:
+    def plain_cycles_per_probe(
+        self, cycle_cost: Sequence[float] | None = None, other_tokens: float = 0.0
+    ) -> int | None:
         """How many plain cycles pass between depth-1 probes: at least ``probe_interval``,
         and as many as it takes for a probe's expected loss (its cost over plain decoding's
         cost for the tokens it is expected to commit) to stay within ``probe_budget`` of the
         decode time. None: no probing, since no depth would pay even if every draft token
         were accepted."""
-        plain = self.cycle_cost[0]
-        depths = range(1, self.max_depth + 1)
-        if all((k + 1) / self.cycle_cost[k] <= 1 / plain for k in depths):
+        costs = self.cycle_cost if cycle_cost is None else list(cycle_cost)
+        plain = costs[0]
+        depths = range(1, min(self.max_depth, len(costs) - 1) + 1)
+        base = 1 + other_tokens
+        if all((k + base) / costs[k] <= base / plain for k in depths):
             return None
-        loss = self.cycle_cost[1] - plain * self.expected_tokens(1)
-        return max(self.probe_interval, math.ceil(loss / (self.probe_budget * plain)))
+        per_token = plain / base
+        loss = costs[1] - per_token * (self.expected_tokens(1) + other_tokens)
+        return max(self.probe_interval, math.ceil(loss / (self.probe_budget * per_token)))
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         """Record a cycle: positions 0..num_accepted were tested, 0..num_accepted-1 passed."""

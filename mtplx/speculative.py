@@ -1,64 +1,38 @@
-"""One draft / verify / accept / commit cycle for one sequence.
+"""The draft / verify / accept / commit cycle of one row, around the batch's shared forward.
 
-A cycle with no draft tokens is plain decoding: the target forward over the last committed
-token alone, then a sample from p. With k draft tokens the target runs once over
-``[last, d1 .. dk]``, the exact rule of ``mtplx.sampling`` accepts a prefix and emits the
-recovered or bonus token, and the target cache is rolled back past the rejected drafts.
+A cycle with no draft tokens is plain decoding: the target forward over the newest committed
+token alone, then a sample from p. With k draft tokens the row feeds ``[last, d1 .. dk]``
+to the step's one batched target forward; the exact rule of ``mtplx.sampling`` accepts a
+prefix and emits the recovered or bonus token, and the row is rolled back past the rejected
+drafts. The engine calls, per row and step: ``propose`` (before the forward), ``verify``
+(after it, lazily), then ``commit`` once the step's results are evaluated.
 
-Plain cycles can run one step ahead (``plain_cycle_ahead``), as mlx-lm's generate loop does:
-the forward of the token being committed is queued (``mx.async_eval``) before that token is
-read, so building the next graph in Python overlaps the current compute. The queued forward
-(an ``Ahead``) then serves the next cycle: a plain one commits its draw and queues the next
-forward; before a drafting cycle, ``close_ahead`` commits its draw without queuing another,
-and the drafting cycle verifies from the position after it. (Verifying the drafts against
-the queued forward's logits instead would spend that forward's token: k drafts would commit
-at most k + 1 tokens for the queued forward and a k-token verify, where closing first
-commits up to k + 2 for it and a (k + 1)-token verify, which costs little more.)
+Plain cycles run one step ahead, as mlx-lm's generate loop does: the forward of the token
+being committed is queued (``queue_plain``: the next token's draw from it stays lazy) before
+that token is read, so building the next graph in Python overlaps the current compute. The
+queued forward (an ``Ahead``) then serves the next step: a plain row feeds its lazy draw to
+the next forward and commits it (``close_ahead``); before a drafting cycle the row only
+closes it, and the drafting cycle verifies from the position after it. (Verifying the
+drafts against the queued forward's logits instead would spend that forward's token.)
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
-from mtplx import cache as cache_ops
 from mtplx.drafters.base import Drafter, DraftSampler
-from mtplx.models.base import TargetModel
-from mtplx.sampling import (
-    SamplerConfig,
-    mx_distribution_from_logits,
-    mx_sample,
-    mx_verify_draft_tokens,
-)
-
-
-@dataclass
-class SequenceState:
-    """The committed history of one sequence and everything tied to it."""
-
-    tokens: list[int]  # prompt + committed output; the newest one is not in ``cache`` yet
-    num_prompt_tokens: int
-    cache: list[Any]  # the target's cache
-    seed: int  # the request's own random stream: see cycle_uniforms
-    token_counts: mx.array | None = None  # [V] output token counts, when penalties are on
-    recurrent: bool = field(init=False)  # cache has state that cannot be trimmed
-
-    def __post_init__(self) -> None:
-        self.recurrent = not cache_ops.is_trimmable(self.cache)
-
-    @property
-    def num_output_tokens(self) -> int:
-        """Tokens committed after the prompt."""
-        return len(self.tokens) - self.num_prompt_tokens
+from mtplx.models.batched import BatchedTarget, RowOutput
+from mtplx.sampling import mx_distribution_from_logits, mx_sample, mx_verify_draft_tokens
+from mtplx.sequence import Sequence
 
 
 @dataclass
 class CycleResult:
-    """What one cycle committed."""
+    """What one cycle of a row committed."""
 
     committed: list[int]  # accepted draft tokens, then the recovered / bonus / sampled token
     num_drafted: int
@@ -72,7 +46,7 @@ def cycle_uniforms(seed: int, position: int, num_draft: int) -> mx.array:
     """[2k + 1] float32 uniforms in [0, 1) for a cycle starting at ``position``: k for drawing
     draft tokens, k for accepting them, one for the recovered / bonus token. An independent
     stream per (request seed, position), so a seeded request replays exactly under the same
-    depth schedule, and no two cycles of a request share uniforms."""
+    depth schedule, alone or in any batch, and no two cycles of a request share uniforms."""
     rng = np.random.default_rng([seed, position])
     return mx.array(rng.random(2 * num_draft + 1, dtype=np.float32))
 
@@ -88,136 +62,143 @@ def position_counts(token_counts: mx.array | None, draft_tokens: mx.array) -> mx
     return token_counts[None] + earlier
 
 
+# -- plain rows, one step ahead ------------------------------------------------------------
+
+
 @dataclass
 class Ahead:
-    """The target forward of the newest committed token, already queued: its cache entry is
-    written and its outputs are being computed."""
+    """The target forward of a row's newest token, queued: its cache entry is written and its
+    outputs are being computed."""
 
-    logits: mx.array  # [1, 1, V]
-    hidden: mx.array  # [1, 1, H]
+    logits: mx.array  # [1, V]
+    hidden: mx.array  # [1, H]
     sample: mx.array  # [1] int32, the plain-decoding draw of the next token from these logits
 
 
-def feed_ahead(
-    target: TargetModel,
-    state: SequenceState,
-    config: SamplerConfig,
-    token: mx.array,
-    index: int,
-) -> Ahead:
-    """Queue the target forward of ``token`` ([1] int32, may be lazy), the token at
-    ``index`` of the sequence, and the plain draw of the token after it (with the uniforms
-    ``run_cycle`` at depth 0 would use at index + 1). Needs no penalties."""
-    logits, hidden = target(token[None], state.cache)  # [1, 1, V], [1, 1, H]
-    probs = mx_distribution_from_logits(logits[0], config)  # [1, V]
-    sample = mx_sample(probs, cycle_uniforms(state.seed, index + 1, 0)).astype(mx.int32)
-    mx.async_eval(logits, hidden, sample)
-    return Ahead(logits, hidden, sample)
+def plain_input(sequence: Sequence) -> mx.array:
+    """[1] int32: what a plain row feeds the forward: the lazy draw of its queued forward, or
+    its newest committed token."""
+    if sequence.ahead is not None:
+        return sequence.ahead.sample
+    return mx.array([sequence.tokens[-1]], mx.int32)
 
 
-def plain_cycle_ahead(
-    target: TargetModel,
-    drafter: Drafter | None,
-    state: SequenceState,
-    config: SamplerConfig,
-    ahead: Ahead | None,
-) -> tuple[CycleResult, Ahead]:
-    """A plain-decoding cycle that leaves the next forward queued. ``ahead``: the queued
-    forward of ``state.tokens[-1]`` (None: queue it now). Returns the cycle and the queued
-    forward of the token it committed. The token equals ``run_cycle``'s at depth 0; a
-    request that ends after it leaves one extra cache entry, which dies with the cache."""
-    if config.has_penalties:
-        raise ValueError("running ahead needs the penalty counts of an uncommitted token")
-    started = time.perf_counter()
-    last_index = len(state.tokens) - 1
-    if ahead is None:
-        last = mx.array([state.tokens[-1]], mx.int32)
-        ahead = feed_ahead(target, state, config, last, last_index)
-    following = feed_ahead(target, state, config, ahead.sample, last_index + 1)
-    return close_ahead(drafter, ahead, started), following
+def queue_plain(sequence: Sequence, output: RowOutput) -> Ahead:
+    """The queued forward of ``plain_input`` and the lazy plain draw of the token after it,
+    with the uniforms ``verify`` at depth 0 would use there. Needs no penalties."""
+    index = len(sequence.tokens) - (0 if sequence.ahead is not None else 1)  # the fed token's
+    probs = mx_distribution_from_logits(output.logits, sequence.config)  # [1, V]
+    sample = mx_sample(probs, cycle_uniforms(sequence.seed, index + 1, 0)).astype(mx.int32)
+    return Ahead(output.logits, output.hidden, sample)
 
 
 def close_ahead(drafter: Drafter | None, ahead: Ahead, started: float | None = None) -> CycleResult:
-    """A plain cycle that only commits the draw of the queued forward ``ahead`` and queues
-    nothing: what precedes a drafting cycle, which then feeds this token itself. ``started``:
-    when the cycle began (default: now), for its verify time."""
+    """A plain cycle that commits the draw of the queued forward ``ahead``. ``started``: when
+    the cycle began (default: now), for its verify time."""
     if started is None:
         started = time.perf_counter()
-    # Read the draw queued last cycle, never an array newly derived from it: such an array is
-    # part of the graph just queued and is ready only when that whole forward is (measured:
-    # 80 -> 61 ms a token, the same as mlx-lm's loop).
+    # Read the draw queued last step, never an array newly derived from it: such an array is
+    # part of the graph just queued and is ready only when that whole forward is.
     committed = [int(ahead.sample.item())]
     verify_time = time.perf_counter() - started
     if drafter is not None:
-        drafter.commit(committed, ahead.hidden if drafter.needs_hidden else None)
-    return CycleResult(committed, 0, 0, ahead.logits[0], 0.0, verify_time)
+        drafter.commit(committed, ahead.hidden[None] if drafter.needs_hidden else None)
+    return CycleResult(committed, 0, 0, ahead.logits, 0.0, verify_time)
 
 
-def run_cycle(
-    target: TargetModel,
-    drafter: Drafter | None,
-    state: SequenceState,
-    config: SamplerConfig,
-    num_draft: int,
-) -> CycleResult:
-    """Draft up to ``num_draft`` tokens, verify them in one target forward over
-    ``[state.tokens[-1], d1 .. dk]``, commit the result to ``state.cache`` and ``drafter``;
-    ``state.tokens`` is left to the caller."""
-    position = len(state.tokens)
-    uniforms = cycle_uniforms(state.seed, position, num_draft)
+# -- drafting (or penalised) rows, in step with the forward --------------------------------
+
+
+@dataclass
+class Draft:
+    """One row's proposal for this step and what its verification needs."""
+
+    tokens: mx.array  # [k] int32 draft tokens (k may be below the planned depth)
+    qs: list[mx.array]  # k x [V] proposal distributions
+    uniforms: mx.array  # [2 * planned + 1], see cycle_uniforms
+    num_planned: int
+    draft_time: float
+    checkpoint: object = None  # the row's state before the forward (recurrent targets)
+
+    @property
+    def num_drafted(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def inputs(self, last_token: int) -> mx.array:
+        """[k + 1] int32: the row's tokens for the forward."""
+        return mx.concatenate([mx.array([last_token], mx.int32), self.tokens])
+
+
+def propose(sequence: Sequence, num_draft: int, vocab_size: int) -> Draft:
+    """Draft up to ``num_draft`` tokens for ``sequence`` (left lazy)."""
+    uniforms = cycle_uniforms(sequence.seed, len(sequence.tokens), num_draft)
     started = time.perf_counter()
-    draft_tokens: list[mx.array] = []
-    draft_qs: list[mx.array] = []
+    tokens: list[mx.array] = []
+    qs: list[mx.array] = []
+    drafter = sequence.drafter
     if drafter is not None and num_draft > 0:
         sampler = DraftSampler(
-            config, target.vocab_size, uniforms[:num_draft], state.token_counts, drafter.draft_vocab
+            sequence.config,
+            vocab_size,
+            uniforms[:num_draft],
+            sequence.token_counts,
+            drafter.draft_vocab,
         )
-        draft_tokens, draft_qs = drafter.propose(state.tokens, num_draft, sampler)
-    num_drafted = len(draft_tokens)
-    drafted = mx.stack(draft_tokens).astype(mx.int32) if num_drafted else mx.zeros((0,), mx.int32)
-    if num_drafted:
-        mx.eval(drafted, draft_qs)
-    draft_time = time.perf_counter() - started
+        tokens, qs = drafter.propose(sequence.tokens, num_draft, sampler)
+    drafted = mx.stack(tokens).astype(mx.int32) if tokens else mx.zeros((0,), mx.int32)
+    return Draft(drafted, qs, uniforms, num_draft, time.perf_counter() - started)
 
-    started = time.perf_counter()
-    point = cache_ops.checkpoint(state.cache) if state.recurrent and num_drafted else None
-    inputs = mx.concatenate([mx.array([state.tokens[-1]], mx.int32), drafted])[None]
-    logits, hidden = target(inputs, state.cache)  # [1, k+1, V], [1, k+1, H]
+
+def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.array, mx.array]:
+    """The exact rule over the row's k + 1 target positions, lazily: (num_accepted [1] int32,
+    output_tokens [1, k+1] int32; see mx_verify_draft_tokens)."""
+    k, planned = draft.num_drafted, draft.num_planned
     target_probs = mx_distribution_from_logits(
-        logits[0], config, position_counts(state.token_counts, drafted)
-    )
+        output.logits, sequence.config, position_counts(sequence.token_counts, draft.tokens)
+    )  # [k+1, V]
     draft_probs = (
-        mx.stack(draft_qs)[None]
-        if num_drafted
-        else mx.zeros((1, 0, target_probs.shape[-1]), mx.float32)
+        mx.stack(draft.qs)[None] if k else mx.zeros((1, 0, target_probs.shape[-1]), mx.float32)
     )
-    num_accepted_array, output_tokens = mx_verify_draft_tokens(
+    return mx_verify_draft_tokens(
         target_probs[None],
         draft_probs,
-        drafted[None],
-        uniforms[num_draft : num_draft + num_drafted][None],
-        uniforms[2 * num_draft :],
+        draft.tokens[None],
+        draft.uniforms[planned : planned + k][None],
+        draft.uniforms[2 * planned :],
     )
-    mx.eval(num_accepted_array, output_tokens, hidden)
+
+
+def commit(
+    target: BatchedTarget,
+    sequence: Sequence,
+    draft: Draft,
+    output: RowOutput,
+    num_accepted_array: mx.array,
+    output_tokens: mx.array,
+    verify_time: float,
+) -> CycleResult:
+    """Read the (evaluated) verdict, roll the row back past rejected drafts and keep the
+    drafter in step. ``sequence.tokens`` is left to the caller."""
     num_accepted = int(num_accepted_array.item())
     committed = [int(t) for t in output_tokens[0, : num_accepted + 1].tolist()]
-
-    num_rejected = num_drafted - num_accepted
+    num_rejected = draft.num_drafted - num_accepted
     if num_rejected:
-        if point is None:
-            cache_ops.trim(state.cache, num_rejected)
+        if draft.checkpoint is None:
+            target.trim(sequence.row, num_rejected)
         else:
             # Recurrent state cannot be trimmed: restore it and re-run the accepted prefix.
-            cache_ops.rollback(state.cache, point)
-            target(inputs[:, : num_accepted + 1], state.cache)
-    verify_time = time.perf_counter() - started
+            target.rollback(sequence.row, draft.checkpoint)
+            inputs = draft.inputs(sequence.tokens[-1])[: num_accepted + 1]
+            mx.eval(target.forward([sequence.row], [inputs])[0].hidden)
+    drafter = sequence.drafter
     if drafter is not None:
-        drafter.commit(committed, hidden[:, : num_accepted + 1] if drafter.needs_hidden else None)
+        hidden = output.hidden[None, : num_accepted + 1] if drafter.needs_hidden else None
+        drafter.commit(committed, hidden)
     return CycleResult(
         committed=committed,
-        num_drafted=num_drafted,
+        num_drafted=draft.num_drafted,
         num_accepted=num_accepted,
-        target_logits=logits[0, : num_accepted + 1],
-        draft_time=draft_time,
+        target_logits=output.logits[: num_accepted + 1],
+        draft_time=draft.draft_time,
         verify_time=verify_time,
     )

@@ -1,0 +1,196 @@
+"""The step cost model of an engine (``mtplx.planner.StepCosts``), measured at start-up.
+
+Steps are timed on scratch sequences through the engine's own step loop: for each batch size
+B, plain steps (every row one queued token, as the engine runs them) and steps where every
+row verifies k lookup drafts (a scratch lookup that always proposes k tokens, so proposing
+costs nothing); then, alone, steps drafting k tokens from each model drafter, whose excess
+over lookup is that drafter's proposing time. A drafting step's cost is a line in k fitted
+through its depths: noise in one depth can then neither make it look cheaper than a
+shallower one nor make a deeper one look free.
+
+The result is cached per model, machine and code version under ``$MTPLX_HOME/calibration``,
+so a restart loads it instead of measuring again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from mtplx.drafters.base import DraftSampler
+from mtplx.drafters.ngram import NgramDrafter, find_continuation, one_hot_proposals
+from mtplx.planner import StepCosts
+from mtplx.request import GenerationRequest
+from mtplx.sampling import SamplerConfig
+
+if TYPE_CHECKING:
+    from mtplx.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+CALIBRATION_VERSION = 1  # bump when what is measured changes
+BATCH_SIZES = (1, 2, 4, 8, 16)
+DEPTHS = (1, 3)
+MODEL_DRAFTERS = ("mtp", "draft_model")
+
+
+class ScratchLookup(NgramDrafter):
+    """Prompt lookup for calibration: drafts k one-hot tokens every cycle (the history's last
+    k tokens when it has no n-gram match), so a lookup cycle of depth k is timed as one."""
+
+    def propose(
+        self, history: list[int], k: int, sample: DraftSampler
+    ) -> tuple[list[mx.array], list[mx.array]]:
+        """Lookup's proposals, padded from the end of the history to k tokens."""
+        continuation = find_continuation(history, k, self.max_ngram, self.min_ngram)
+        missing = k - len(continuation)
+        padding = history[-missing:] if missing > 0 else []
+        return one_hot_proposals(continuation + padding, sample.vocab_size)
+
+
+def time_steps(
+    engine: Engine, batch_size: int, depth: int, drafter: str | None, repeats: int = 3
+) -> float:
+    """Median seconds of one engine step with ``batch_size`` scratch rows all at ``depth``
+    (drafting from ``drafter``; None: scratch lookup)."""
+    if engine.running:
+        raise RuntimeError("calibration needs an idle engine")
+    prompt = [(7 + i % 8) % engine.vocab_size for i in range(32)]
+    request = GenerationRequest(
+        prompt_ids=prompt,
+        sampler=SamplerConfig(temperature=0.0),
+        max_tokens=10_000,
+        ignore_eos=True,
+        drafter=drafter or "ngram",
+        depth=depth,
+    )
+    sequences = [engine.add(request) for _ in range(batch_size)]
+    try:
+        if drafter is None:
+            for sequence in sequences:
+                sequence.drafter = ScratchLookup()
+        while not all(s.prefilled for s in sequences):
+            engine.step()
+        for _ in range(3):  # the first cycles close queued forwards; then warm up
+            engine.step()
+        timings = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            engine.step()
+            timings.append(time.perf_counter() - started)
+        return statistics.median(timings)
+    finally:
+        for sequence in sequences:
+            engine.abort(sequence)
+
+
+def _line(depths: tuple[int, ...], seconds: list[float]) -> tuple[float, float]:
+    """(intercept, slope >= 0) of the least-squares line through (depth, seconds)."""
+    if len(depths) < 2:
+        return seconds[0], 0.0
+    slope, intercept = statistics.linear_regression(depths, seconds)
+    return intercept, max(slope, 0.0)
+
+
+def calibrate(engine: Engine, repeats: int = 3) -> StepCosts:
+    """Measure the step cost model of ``engine`` (see the module docstring)."""
+    sizes = [b for b in BATCH_SIZES if b <= engine.max_num_seqs]
+    plain, sync, per_token = [], [], []
+    for batch_size in sizes:
+        base = time_steps(engine, batch_size, 0, None, repeats)
+        drafting = [time_steps(engine, batch_size, k, None, repeats) for k in DEPTHS]
+        intercept, slope = _line(DEPTHS, drafting)
+        plain.append(base)
+        sync.append(max(intercept - base, 0.0))
+        per_token.append(slope)
+    costs = StepCosts(sizes, plain, per_token, sync=sync)
+    lookup_alone = [plain[0] + sync[0] + k * per_token[0] for k in range(max(DEPTHS) + 1)]
+    for name in MODEL_DRAFTERS:
+        if name not in engine.available_drafters:
+            continue
+        excess = [
+            time_steps(engine, 1, k, name, repeats) - lookup_alone[k] for k in DEPTHS
+        ]
+        intercept, slope = _line(DEPTHS, excess)
+        costs.drafting[name] = [0.0] + [
+            max(intercept + slope * k, 0.0) for k in range(1, engine.max_adaptive_depth + 1)
+        ]
+    return costs
+
+
+def _cache_path(engine: Engine) -> Path:
+    """Where ``engine``'s calibration is cached: keyed by the checkpoint (path, size and
+    time of its files), the machine, the BLAS and the engine's shape."""
+    from mtplx.blas import blas_info
+
+    path = Path(engine.model.path)
+    files = sorted(path.glob("*")) if path.is_dir() else [path]
+    stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
+    blas = blas_info()
+    key = json.dumps(
+        [
+            CALIBRATION_VERSION,
+            str(path.resolve()),
+            stats,
+            platform.machine(),
+            platform.processor() or _cpu_model(),
+            os.cpu_count(),
+            blas.name,
+            blas.threads,
+            engine.max_num_seqs,
+            engine.max_adaptive_depth,
+            engine.available_drafters,
+        ]
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    home = os.environ.get("MTPLX_HOME")
+    root = Path(home) if home else Path.home() / ".cache" / "mtplx"
+    return root / "calibration" / f"{engine.model_name}-{digest}.json"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def load_or_calibrate(engine: Engine) -> StepCosts:
+    """The cached calibration of ``engine``, or a new one (then cached)."""
+    path = _cache_path(engine)
+    try:
+        data = json.loads(path.read_text())
+        costs = StepCosts(**data)
+        logger.info("step costs loaded from %s", path)
+        return costs
+    except (OSError, ValueError, TypeError):
+        pass
+    started = time.perf_counter()
+    costs = calibrate(engine)
+    logger.info(
+        "step costs measured in %.1f s: plain %s ms, per token %s ms, drafting %s",
+        time.perf_counter() - started,
+        [round(c * 1e3, 1) for c in costs.plain],
+        [round(c * 1e3, 1) for c in costs.per_token],
+        {k: [round(c * 1e3, 1) for c in v] for k, v in costs.drafting.items()},
+    )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(costs.to_dict()))
+        os.replace(tmp, path)
+    except OSError:
+        logger.warning("could not cache the calibration at %s", path)
+    return costs

@@ -1,0 +1,376 @@
+"""Batched target forwards: the tokens of many sequences, each at its own length, in one forward.
+
+A step of the engine runs one target forward over every running row: row i feeds ``T_i``
+tokens (1 for plain decoding, 1 + k when it verifies k draft tokens) after its own ``L_i``
+committed ones. Two implementations of the one interface (``BatchedTarget``):
+
+- ``SlotTarget`` (llama-like trunks, the default model): the rows' tokens are packed into
+  one ``[1, N]`` sequence (N = sum of T_i) for every matmul, so each weight is read once per
+  step for all rows; attention runs per row in a padded ``[R, heads, T_max, L_max]`` layout
+  over a KV store with one slot per row. A row's logits never depend on the other rows,
+  bitwise: the matmuls' batch-invariant kernel sums every output element in a fixed order
+  whatever the row count, and attention is written so that a row's padding (shorter
+  history, fewer tokens than T_max) only appends exact zeros to its sums, which the kernel
+  ignores (``mtplx/blas_invariant.c``). A row alone and the same row among 15 others give
+  the same bits.
+- ``PerRowTarget`` (every other family: recurrent layers, MLA, ...): one forward of the
+  model's own code per row, queued together and evaluated at once. Exact, not faster.
+
+Rows are created with ``new_row`` and released with ``release``; rejected draft tokens are
+dropped with ``trim`` (attention KV) or ``checkpoint`` / ``rollback`` (recurrent state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import mlx.core as mx
+
+from mtplx import cache as cache_ops
+from mtplx.models.base import TargetModel
+
+# Slot KV capacity grows in steps of this many positions (mlx-lm's KVCache step).
+KV_STEP = 256
+
+
+class Row(Protocol):
+    """One sequence's target state inside a batched target."""
+
+    length: int  # committed positions in the target cache
+
+
+@dataclass
+class RowOutput:
+    """One row's share of a batched forward."""
+
+    logits: mx.array | None  # [T_i, V], or [1, V] (the last position only) when asked
+    hidden: mx.array  # [T_i, H] post-norm hidden states
+
+
+class BatchedTarget(Protocol):
+    """A target that runs many rows in one forward."""
+
+    vocab_size: int
+    hidden_size: int
+    recurrent: bool  # rows hold state that ``trim`` cannot drop (use checkpoint/rollback)
+
+    def new_row(self) -> Row:
+        """An empty row (no committed positions)."""
+        ...
+
+    def release(self, row: Row) -> None:
+        """Free a row's storage; the row must not be used again."""
+        ...
+
+    def forward(
+        self, rows: list[Row], tokens: list[mx.array], last_logits_only: bool = False
+    ) -> list[RowOutput]:
+        """tokens[i]: [T_i] int32 (may be lazy) appended to rows[i] -> one output per row.
+        Every row's length grows by T_i. ``last_logits_only``: compute logits for each row's
+        last position only (prefill)."""
+        ...
+
+    def trim(self, row: Row, num_tokens: int) -> None:
+        """Drop the last ``num_tokens`` positions of ``row`` (KV rows only)."""
+        ...
+
+    def checkpoint(self, row: Row) -> Any:
+        """A point ``rollback`` returns the row to."""
+        ...
+
+    def rollback(self, row: Row, point: Any) -> None:
+        """Return ``row`` to ``point``."""
+        ...
+
+
+# -- one forward per row -------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class CacheRow:
+    """A row of ``PerRowTarget``: the model's own per-sequence cache objects."""
+
+    cache: list[Any]
+    length: int = 0
+
+
+class PerRowTarget:
+    """Any TargetModel, one forward per row (all queued before one evaluation)."""
+
+    def __init__(self, target: TargetModel) -> None:
+        self.target = target
+        self.vocab_size = target.vocab_size
+        self.hidden_size = target.hidden_size
+        self.recurrent = not cache_ops.is_trimmable(target.make_cache())
+
+    def new_row(self) -> CacheRow:
+        """A row with fresh cache objects."""
+        return CacheRow(self.target.make_cache())
+
+    def release(self, row: CacheRow) -> None:
+        """Drop the row's cache."""
+        row.cache = []
+
+    def forward(
+        self, rows: list[CacheRow], tokens: list[mx.array], last_logits_only: bool = False
+    ) -> list[RowOutput]:
+        """One forward of the model's own code per row."""
+        outputs = []
+        for row, row_tokens in zip(rows, tokens, strict=True):
+            logits, hidden = self.target(row_tokens[None], row.cache)  # [1, T, V], [1, T, H]
+            row.length += row_tokens.shape[0]
+            logits = logits[0, -1:] if last_logits_only else logits[0]
+            outputs.append(RowOutput(logits, hidden[0]))
+        return outputs
+
+    def trim(self, row: CacheRow, num_tokens: int) -> None:
+        """Trim every layer cache of the row."""
+        cache_ops.trim(row.cache, num_tokens)
+        row.length -= num_tokens
+
+    def checkpoint(self, row: CacheRow) -> tuple[cache_ops.CacheCheckpoint, int]:
+        """Snapshot the row's cache (recurrent state by reference)."""
+        return cache_ops.checkpoint(row.cache), row.length
+
+    def rollback(self, row: CacheRow, point: tuple[cache_ops.CacheCheckpoint, int]) -> None:
+        """Restore the row's cache to ``point``."""
+        cache_ops.rollback(row.cache, point[0])
+        row.length = point[1]
+
+
+# -- packed matmuls, per-row attention over slots -------------------------------------------
+
+
+@dataclass(eq=False)
+class SlotRow:
+    """A row of ``SlotTarget``: a slot of the KV store."""
+
+    slot: int
+    length: int = 0
+
+
+@dataclass
+class _Layout:
+    """Where each row's tokens sit in the packed [N] order and in the padded [R, T] one, for
+    one forward over the slots first_slot .. first_slot + R - 1."""
+
+    first_slot: int
+    num_slots: int  # R
+    max_tokens: int  # T
+    key_length: int  # L: the longest row's length after the forward
+    offsets: mx.array  # [R] int32, each slot's length before the forward
+    to_padded: mx.array  # [R * T] int32: packed index of each padded position (pads -> 0)
+    to_packed: mx.array  # [N] int32: padded index of each packed token
+    write_at: mx.array  # [R * T] int32: flat (slot, position) index in the KV store
+    mask: mx.array  # [R, 1, T, L] bool: key j visible to query t of row r
+
+
+@dataclass
+class _SlotStore:
+    """KV of every slot for one layer: keys [S, L_cap, kv_heads, d], values
+    [S, L_cap, kv_heads, d + 1] (see ``SlotTarget._attention``)."""
+
+    keys: mx.array
+    values: mx.array
+
+
+class SlotTarget:
+    """A llama-like MLXTarget batched over slots (see the module docstring)."""
+
+    recurrent = False
+
+    def __init__(self, target: Any, max_rows: int = 16) -> None:
+        self.target = target
+        self.trunk = target.trunk
+        self.vocab_size = target.vocab_size
+        self.hidden_size = target.hidden_size
+        self.max_rows = max_rows
+        self._free = list(range(max_rows))
+        self._live: dict[int, SlotRow] = {}  # slot -> its row
+        self._capacity = 0  # positions allocated per slot
+        self._stores: list[_SlotStore] = []
+
+    # -- rows ---------------------------------------------------------------------------
+
+    def new_row(self) -> SlotRow:
+        """The lowest free slot (so the slots in use stay dense at the front)."""
+        if not self._free:
+            raise RuntimeError(f"all {self.max_rows} slots are in use")
+        self._free.sort()
+        row = SlotRow(self._free.pop(0))
+        self._live[row.slot] = row
+        return row
+
+    def release(self, row: SlotRow) -> None:
+        """Return the row's slot; its stale KV is never read (reads stop at a row's length)."""
+        if row.slot >= 0:
+            del self._live[row.slot]
+            self._free.append(row.slot)
+            row.slot = -1
+
+    def trim(self, row: SlotRow, num_tokens: int) -> None:
+        """Forget the last positions; their KV entries are overwritten by later writes."""
+        row.length -= min(num_tokens, row.length)
+
+    def checkpoint(self, row: SlotRow) -> int:
+        """The row's length."""
+        return row.length
+
+    def rollback(self, row: SlotRow, point: int) -> None:
+        """Back to a length."""
+        row.length = point
+
+    # -- forward ------------------------------------------------------------------------
+
+    def forward(
+        self, rows: list[SlotRow], tokens: list[mx.array], last_logits_only: bool = False
+    ) -> list[RowOutput]:
+        """One forward over all rows (see the module docstring)."""
+        counts = [int(t.shape[0]) for t in tokens]
+        layout = self._layout(rows, counts)
+        inner = self.trunk.inner
+        packed = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
+        x = inner.embed_tokens(packed[None])  # [1, N, H]
+        for layer, store in zip(inner.layers, self._stores, strict=True):
+            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), store, layout)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        hidden = inner.norm(x)[0]  # [N, H]
+        for row, count in zip(rows, counts, strict=True):
+            row.length += count
+        ends = [sum(counts[: i + 1]) for i in range(len(counts))]
+        if last_logits_only:
+            last = mx.array([end - 1 for end in ends], mx.int32)
+            logits = self.trunk.lm_head(hidden[last][None])[0]  # [rows, V]
+            return [
+                RowOutput(logits[i : i + 1], hidden[end - count : end])
+                for i, (end, count) in enumerate(zip(ends, counts, strict=True))
+            ]
+        logits = self.trunk.lm_head(hidden[None])[0]  # [N, V]
+        return [
+            RowOutput(logits[end - count : end], hidden[end - count : end])
+            for end, count in zip(ends, counts, strict=True)
+        ]
+
+    def _layout(self, rows: list[SlotRow], counts: list[int]) -> _Layout:
+        """Index maps and the attention mask shared by every layer of one forward."""
+        slots = [row.slot for row in rows]
+        if len(set(slots)) != len(slots) or min(slots) < 0:
+            raise ValueError("each row of a forward needs its own live slot")
+        first, last = min(slots), max(slots)
+        num_slots, max_tokens = last - first + 1, max(counts)
+        # Slots in the range that take no part still get (discarded) writes: at their own
+        # length, past what they have committed, so nothing they hold is overwritten.
+        lengths = [
+            live.length if (live := self._live.get(slot)) is not None else 0
+            for slot in range(first, last + 1)
+        ]
+        key_length = max(length for length in lengths) + max_tokens
+        self._ensure_capacity(key_length)
+        to_padded = [0] * (num_slots * max_tokens)
+        to_packed = []
+        start = 0
+        for row, count in zip(rows, counts, strict=True):
+            base = (row.slot - first) * max_tokens
+            for t in range(count):
+                to_padded[base + t] = start + t
+                to_packed.append(base + t)
+            start += count
+        write_at = [
+            (first + r) * self._capacity + lengths[r] + t
+            for r in range(num_slots)
+            for t in range(max_tokens)
+        ]
+        offsets = mx.array(lengths, mx.int32)
+        query_end = offsets[:, None] + mx.arange(max_tokens)[None, :]  # [R, T]
+        mask = mx.arange(key_length)[None, None, :] <= query_end[:, :, None]  # [R, T, L]
+        return _Layout(
+            first_slot=first,
+            num_slots=num_slots,
+            max_tokens=max_tokens,
+            key_length=key_length,
+            offsets=offsets,
+            to_padded=mx.array(to_padded, mx.int32),
+            to_packed=mx.array(to_packed, mx.int32),
+            write_at=mx.array(write_at, mx.int32),
+            mask=mask[:, None],
+        )
+
+    def _ensure_capacity(self, positions: int) -> None:
+        """Grow every layer's store (all slots) to hold ``positions`` per slot."""
+        if positions <= self._capacity:
+            return
+        capacity = -(-positions // KV_STEP) * KV_STEP
+        dtype = self.trunk.inner.embed_tokens.weight.dtype
+        attention = self.trunk.inner.layers[0].self_attn
+        kv_heads, head_dim = attention.n_kv_heads, attention.head_dim
+        grow = (self.max_rows, capacity - self._capacity, kv_heads)
+        key_zeros = mx.zeros((*grow, head_dim), dtype)
+        value_zeros = mx.zeros((*grow, head_dim + 1), dtype)  # + the constant-1 feature
+        if not self._stores:
+            self._stores = [_SlotStore(key_zeros, value_zeros) for _ in self.trunk.inner.layers]
+        else:
+            for store in self._stores:
+                store.keys = mx.concatenate([store.keys, key_zeros], axis=1)
+                store.values = mx.concatenate([store.values, value_zeros], axis=1)
+        self._capacity = capacity
+
+    def _attention(self, attn: Any, x: mx.array, store: _SlotStore, layout: _Layout) -> mx.array:
+        """Self-attention of mlx-lm's llama Attention over the slot store.
+
+        x: [1, N, H] packed -> [1, N, H]. The softmax is exp(s - max) normalised by a
+        matmul with ones: both sums then run through the invariant kernel, to which the
+        masked keys past a row's length are trailing zeros (MLX's own softmax would vectorise
+        a longer row differently)."""
+        rows, tokens, keys_len = layout.num_slots, layout.max_tokens, layout.key_length
+        heads, kv_heads = attn.n_heads, attn.n_kv_heads
+        repeats = heads // kv_heads
+
+        def padded(projected: mx.array, num_heads: int) -> mx.array:
+            # [1, N, heads * d] -> [R, heads, T, d]
+            spread = projected[0][layout.to_padded]
+            return spread.reshape(rows, tokens, num_heads, -1).transpose(0, 2, 1, 3)
+
+        queries = attn.rope(padded(attn.q_proj(x), heads), offset=layout.offsets)
+        keys = attn.rope(padded(attn.k_proj(x), kv_heads), offset=layout.offsets)
+        values = padded(attn.v_proj(x), kv_heads)
+        head_dim = keys.shape[-1]
+
+        # Values carry a constant 1 as their last feature, so one product gives both the
+        # weighted sum and the softmax's normaliser: a one-column product (the normaliser on
+        # its own) is a matrix-vector call that bypasses the invariant kernel.
+        values = mx.concatenate([values, mx.ones((*values.shape[:-1], 1), values.dtype)], -1)
+
+        # Write the new keys and values at each row's positions (pads too: past the row's
+        # length, so never read), then read slots [first, first + R) up to L.
+        for name, new in (("keys", keys), ("values", values)):
+            stored = getattr(store, name)
+            width = stored.shape[-1]
+            flat = stored.reshape(self.max_rows * self._capacity, kv_heads, width)
+            flat[layout.write_at] = new.transpose(0, 2, 1, 3).reshape(-1, kv_heads, width)
+            setattr(store, name, flat.reshape(stored.shape))
+        first = layout.first_slot
+        window = slice(first, first + rows)
+        all_keys = store.keys[window, :keys_len].transpose(0, 2, 3, 1)  # [R, kv, d, L]
+        all_values = store.values[window, :keys_len].transpose(0, 2, 1, 3)  # [R, kv, L, d+1]
+
+        grouped = (queries * attn.scale).reshape(rows, kv_heads, repeats * tokens, head_dim)
+        scores = grouped @ all_keys  # [R, kv, repeats * T, L]
+        scores = scores.reshape(rows, kv_heads, repeats, tokens, keys_len)
+        scores = mx.where(layout.mask[:, :, None], scores, -mx.inf)
+        weights = mx.exp(scores - mx.max(scores, axis=-1, keepdims=True))
+        weights = weights.reshape(rows, kv_heads, repeats * tokens, keys_len)
+        summed = weights @ all_values  # [R, kv, repeats * T, d+1]
+        attended = summed[..., :head_dim] / summed[..., head_dim:]
+        attended = attended.reshape(rows, heads, tokens, head_dim).transpose(0, 2, 1, 3)
+        attended = attended.reshape(rows * tokens, heads * head_dim)[layout.to_packed]
+        return attn.o_proj(attended[None])
+
+
+def batched_target(target: TargetModel, max_rows: int) -> BatchedTarget:
+    """The fastest exact batched form of ``target``: slots for mlx-lm's llama trunks, one
+    forward per row otherwise."""
+    trunk = getattr(target, "trunk", None)
+    if trunk is not None and trunk.arch == "llama" and type(target).__name__ == "MLXTarget":
+        return SlotTarget(target, max_rows)
+    return PerRowTarget(target)

@@ -1,0 +1,161 @@
+"""The planner: for every running sequence, the draft source and depth of its next cycle.
+
+Pure functions of a sequence's history, its depth policies and the step cost model; no side
+effects on drafters (the engine applies a plan). The cost model prices a batch step: plain
+decoding of B rows costs ``plain[B]``; a row that verifies k draft tokens adds its share of
+the longer forward and its own drafting time (see ``StepCosts.row_costs``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from mtplx.depth_policy import AdaptiveDepth
+from mtplx.drafters import Drafter, LookupFirstDrafter, NgramDrafter
+from mtplx.drafters.lookup_first import LOOKUP
+from mtplx.drafters.ngram import LONG_MATCH
+
+# Lookup cycles whose match is LONG_MATCH tokens or more, a copy of earlier text, get their
+# own depth policy: their acceptance is high (see mtplx.drafters.ngram), that of short
+# matches (common phrases) low, so one estimate for both would fit neither.
+LONG_LOOKUP = "ngram-long"
+
+# Prior acceptance per depth policy, before a request has measured its own: for a model
+# drafter, what the shipped head achieves at position 1 on the bench's chat and code prompts
+# (0.25-0.31; 0.49 on prompts like its training data), which does not pay on a CPU, so a
+# request drafts only once its own counts show it pays; for copied text, what lookup
+# achieves there, so a request starts drafting on the first long match.
+PRIOR_ACCEPTANCE = {"mtp": 0.3, "draft_model": 0.3, LOOKUP: 0.3, LONG_LOOKUP: 0.8}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One sequence's next cycle: ``source`` is the depth policy key (None: no drafter)."""
+
+    source: str | None
+    num_draft: int
+
+
+@dataclass
+class StepCosts:
+    """Seconds of a batch step, measured at start-up (``mtplx.calibration``).
+
+    ``batch_sizes``: the measured batch sizes, ascending; ``plain[i]``: a plain step of
+    ``batch_sizes[i]`` rows (queued one step ahead); ``sync[i]``: what a step costs more when
+    any row drafts (it must read its verdict: nothing is queued ahead); ``per_token[i]``:
+    what one more verified token of every row adds (a lookup draft, free to propose);
+    ``drafting[source][k]``: one row's time to propose k tokens from a model drafter."""
+
+    batch_sizes: list[int]
+    plain: list[float]
+    per_token: list[float]
+    sync: list[float] = field(default_factory=list)
+    drafting: dict[str, list[float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready fields (the calibration cache)."""
+        return asdict(self)
+
+    def _at(self, values: Sequence[float], batch_size: int) -> float:
+        """Linear interpolation over the measured batch sizes (held at the ends)."""
+        sizes = self.batch_sizes
+        if not values:
+            return 0.0
+        if batch_size <= sizes[0]:
+            return values[0]
+        if batch_size >= sizes[-1]:
+            return values[-1]
+        i = bisect.bisect_left(sizes, batch_size)
+        lo, hi = sizes[i - 1], sizes[i]
+        weight = (batch_size - lo) / (hi - lo)
+        return values[i - 1] + weight * (values[i] - values[i - 1])
+
+    def row_costs(self, source: str, batch_size: int, max_depth: int) -> list[float]:
+        """The step's cost for depth 0..max_depth of one row among ``batch_size``, the other
+        rows plain: the plain step; when drafting, plus the synchronous step's extra, this
+        row's share of k more tokens per row, and its drafting time."""
+        plain = self._at(self.plain, batch_size)
+        sync = self._at(self.sync, batch_size)
+        per_token = self._at(self.per_token, batch_size) / batch_size
+        drafting = self.drafting.get(_cost_source(source), [0.0])
+        return [plain] + [
+            plain + sync + k * per_token + drafting[min(k, len(drafting) - 1)]
+            for k in range(1, max_depth + 1)
+        ]
+
+
+def sources(drafter: Drafter | None) -> tuple[str, ...]:
+    """The depth policy keys of a drafter: one per draft source, and lookup's split by match
+    length (see ``plan_cycle``)."""
+    if drafter is None:
+        return ()
+    if isinstance(drafter, LookupFirstDrafter):
+        return (LOOKUP, LONG_LOOKUP, drafter.model_drafter.name)
+    if isinstance(drafter, NgramDrafter):
+        return (LOOKUP, LONG_LOOKUP)
+    return (drafter.name,)
+
+
+def _cost_source(source: str) -> str:
+    """The draft source whose drafting cost a depth policy key uses."""
+    return LOOKUP if source == LONG_LOOKUP else source
+
+
+def make_policies(
+    drafter: Drafter | None, costs: StepCosts, max_depth: int
+) -> dict[str, AdaptiveDepth]:
+    """A fresh adaptive depth policy per draft source of ``drafter``, priced alone."""
+    return {
+        source: AdaptiveDepth(
+            costs.row_costs(source, 1, max_depth), prior_acceptance=PRIOR_ACCEPTANCE[source]
+        )
+        for source in sources(drafter)
+    }
+
+
+def plan_cycle(
+    drafter: Drafter | None,
+    policies: Mapping[str, AdaptiveDepth],
+    depth: int | None,
+    history: list[int],
+    limit: int,
+    costs: StepCosts | None = None,
+    batch_size: int = 1,
+) -> Plan:
+    """The next cycle of one sequence, at most ``limit`` draft tokens. Prompt lookup drafts
+    when the history has an n-gram match and the policy for that kind of match (long: a copy
+    of earlier text, or short) gives a depth above 0; otherwise a lookup-first drafter drafts
+    from its model drafter and plain lookup does not draft. With ``policies`` (adaptive
+    depth) and ``costs``, depths are priced in a step of ``batch_size`` rows."""
+    if drafter is None:
+        return Plan(None, 0)
+
+    def depth_for(source: str) -> int:
+        if not policies:
+            return min(depth or 0, limit)
+        policy = policies[source]
+        if costs is None:
+            return policy.choose(limit)
+        row_costs = costs.row_costs(source, batch_size, policy.max_depth)
+        return policy.choose(limit, row_costs, other_tokens=batch_size - 1)
+
+    lookup = drafter.lookup if isinstance(drafter, LookupFirstDrafter) else drafter
+    if isinstance(lookup, NgramDrafter) and (match := lookup.match_length(history)):
+        source = LONG_LOOKUP if match >= LONG_MATCH else LOOKUP
+        if (num_draft := depth_for(source)) > 0:
+            return Plan(source, num_draft)
+    if isinstance(drafter, NgramDrafter):
+        return Plan(None, 0)
+    if isinstance(drafter, LookupFirstDrafter):
+        name = drafter.model_drafter.name
+        return Plan(name, depth_for(name))
+    return Plan(drafter.name, depth_for(drafter.name))
+
+
+def draft_source(drafter: Drafter | None, plan: Plan) -> str | None:
+    """The drafter source a lookup-first drafter must ``use`` for ``plan``."""
+    if not isinstance(drafter, LookupFirstDrafter) or plan.num_draft == 0:
+        return None
+    return LOOKUP if plan.source in (LOOKUP, LONG_LOOKUP) else drafter.model_drafter.name
