@@ -117,9 +117,7 @@ def calibrate(engine: Engine, repeats: int = 3) -> StepCosts:
     for name in MODEL_DRAFTERS:
         if name not in engine.available_drafters:
             continue
-        excess = [
-            time_steps(engine, 1, k, name, repeats) - lookup_alone[k] for k in DEPTHS
-        ]
+        excess = [time_steps(engine, 1, k, name, repeats) - lookup_alone[k] for k in DEPTHS]
         intercept, slope = _line(DEPTHS, excess)
         costs.drafting[name] = [0.0] + [
             max(intercept + slope * k, 0.0) for k in range(1, engine.max_adaptive_depth + 1)

@@ -71,9 +71,7 @@ class AdaptiveDepth:
         max_depth = min(self.max_depth, len(costs) - 1)
         if limit is not None:
             max_depth = min(max_depth, limit)
-        rates = [
-            (self.expected_tokens(k) + other_tokens) / costs[k] for k in range(max_depth + 1)
-        ]
+        rates = [(self.expected_tokens(k) + other_tokens) / costs[k] for k in range(max_depth + 1)]
         best = max(range(max_depth + 1), key=rates.__getitem__)
         if best == 0 and max_depth > 0:
             self.plain_cycles += 1

@@ -34,7 +34,6 @@ from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, Token
 from mtplx.sampling import mx_distribution_from_logits, mx_sample
 from mtplx.sequence import Event, Sequence
 from mtplx.speculative import (
-    Ahead,
     CycleResult,
     Draft,
     close_ahead,
@@ -259,9 +258,8 @@ class Engine:
         for sequence, plan in plans.items():
             if plan.num_draft > 0 and sequence.ahead is not None:
                 # Commit the queued forward's token first; draft after it next step.
-                sequence.pending = close_ahead(sequence.drafter, sequence.ahead)
-                sequence.ahead, sequence.planned = None, plan
-                _record(sequence.stats, sequence.pending)
+                self._close_ahead(sequence, events)
+                sequence.planned = plan
             elif plan.num_draft == 0 and not sequence.config.has_penalties:
                 plain.append(sequence)
             else:
@@ -314,11 +312,22 @@ class Engine:
             sequence.pending = result
             _record(sequence.stats, result)
         for sequence, ahead in queued.items():
-            previous: Ahead | None = sequence.ahead
+            if sequence.ahead is not None:
+                self._close_ahead(sequence, events, started)
             sequence.ahead = ahead
-            if previous is not None:
-                sequence.pending = close_ahead(sequence.drafter, previous, started)
-                _record(sequence.stats, sequence.pending)
+
+    def _close_ahead(
+        self, sequence: Sequence, events: list[StepEvent], started: float | None = None
+    ) -> None:
+        """Commit the draw of the row's queued forward (``close_ahead``)."""
+        ahead, sequence.ahead = sequence.ahead, None
+        assert ahead is not None
+        try:
+            sequence.pending = close_ahead(sequence.drafter, ahead, started)
+        except Exception as exc:
+            self._fail(sequence, exc, events)
+            return
+        _record(sequence.stats, sequence.pending)
 
     def _prefill(self, events: list[StepEvent]) -> None:
         """Feed admitted prompts in chunks of ``prefill_chunk_size`` (fixed by the prompt

@@ -1,19 +1,18 @@
-"""Async facade over the one engine thread.
+"""Async facade over the one engine thread, with continuous batching.
 
 MLX work must stay on one thread (DESIGN.md), so a dedicated worker thread owns the engine:
 it builds it (``engine_factory`` runs on that thread, so loading and generating share it),
-then takes tickets from a bounded FIFO and runs ``engine.generate`` for one request at a time.
-The asyncio side submits tickets and reads their events from a per-ticket ``asyncio.Queue``
-that the worker feeds with ``loop.call_soon_threadsafe``.
+then runs the engine's step loop. Every step it admits waiting tickets' requests into the
+running batch while the engine has room (``max_num_seqs``), drops the rows of cancelled or
+late tickets, runs one ``engine.step()`` and hands each event to its ticket. The asyncio side
+submits tickets and reads their events from a per-ticket ``asyncio.Queue`` that the worker
+feeds with ``loop.call_soon_threadsafe``.
 
-A ticket is one HTTP request: one or more ``GenerationRequest`` run back to back (``n``
-choices, several prompts) without other tickets in between. Cancelling a ticket (client
-gone, timeout) removes it from the queue, or makes the worker close the running generator at
-the next event, which stops the engine within one cycle; the worker then moves on. An
-exception inside ``generate`` fails that ticket alone.
-
-Batching seam: ``_take_tickets`` hands the worker a list; today it holds one ticket. A
-batched engine would take several and interleave their events.
+A ticket is one HTTP request: one or more ``GenerationRequest`` (``n`` choices, several
+prompts), each a row of the batch, admitted in order as rows free up; tickets are admitted
+first come, first served. Cancelling a ticket (client gone, timeout) removes it from the
+queue, or drops its rows before the next step. An exception in one row fails that ticket
+alone; the other rows of the batch go on.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,9 +56,19 @@ class EngineLike(Protocol):
     default_depth: int | None
     available_drafters: tuple[str, ...]
 
+    max_num_seqs: int
+    running: Sequence[Any]  # the sequences in the batch
+
+    @property
+    def has_room(self) -> bool: ...
+
     def validate(self, request: GenerationRequest) -> None: ...
 
-    def generate(self, request: GenerationRequest) -> Iterator[Event]: ...
+    def add(self, request: GenerationRequest, tag: object = None) -> Any: ...
+
+    def step(self) -> list[tuple[Any, Event | BaseException]]: ...
+
+    def abort(self, sequence: Any) -> None: ...
 
     def token_text(self, token_id: int) -> str: ...
 
@@ -103,7 +112,8 @@ class SchedulerStats:
 
     state: str
     queue_depth: int
-    active: int
+    active: int  # tickets with rows in the batch
+    running: int  # sequences (rows) in the batch
     max_queue: int
     completed: int
     failed: int
@@ -128,6 +138,12 @@ class Ticket:
     _events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _done: bool = False
+    # Worker-thread state: the next request to admit, the rows in the batch, and how many
+    # requests have not finished yet.
+    _next: int = 0
+    _rows: list[Any] = field(default_factory=list)
+    _unfinished: int = -1
+    _started: float = 0.0
 
     def __aiter__(self) -> Ticket:
         return self
@@ -201,11 +217,16 @@ class Scheduler:
         self._engine: EngineLike | None = None
         self._state = "created"
         self._stopping = False
-        self._active: Ticket | None = None
+        self._active: list[Ticket] = []  # tickets with rows in the batch (worker thread)
         self.load_error: BaseException | None = None
         self._ready = threading.Event()
         self._completed = self._failed = self._cancelled = 0
         self._mean_seconds = 5.0  # running mean of ticket durations, for Retry-After
+        self.num_steps = 0  # engine steps run, for /metrics
+        self.step_rows_total = 0  # rows over all steps (mean batch size = this / num_steps)
+        self.last_step_seconds = 0.0
+        # Called on the worker thread after each step with (rows, tokens, seconds): metrics.
+        self.step_observer: Callable[[int, int, float], None] | None = None
 
     @classmethod
     def from_engine(cls, engine: EngineLike, **kwargs: Any) -> Scheduler:
@@ -230,8 +251,8 @@ class Scheduler:
         with self._cond:
             self._stopping = True
             pending, self._pending = list(self._pending), collections.deque()
-            if self._active is not None:
-                self._active._cancelled.set()
+            for ticket in self._active:
+                ticket._cancelled.set()
             self._cond.notify_all()
         for ticket in pending:
             ticket._deliver(EngineNotReady("the server is shutting down"))
@@ -265,8 +286,14 @@ class Scheduler:
 
     @property
     def active(self) -> int:
-        """Tickets the engine is running now (0 or 1 until batching lands)."""
-        return 0 if self._active is None else 1
+        """Tickets with rows in the running batch."""
+        return len(self._active)
+
+    @property
+    def running(self) -> int:
+        """Sequences (rows) in the running batch."""
+        engine = self._engine
+        return 0 if engine is None else len(engine.running)
 
     def stats(self) -> SchedulerStats:
         """Counters for /health and /metrics."""
@@ -275,6 +302,7 @@ class Scheduler:
                 state=self._state,
                 queue_depth=len(self._pending),
                 active=self.active,
+                running=self.running,
                 max_queue=self.max_queue,
                 completed=self._completed,
                 failed=self._failed,
@@ -309,9 +337,9 @@ class Scheduler:
         with self._cond:
             if self._stopping:
                 raise EngineNotReady("the server is shutting down")
-            # While the engine is idle the head of the queue is about to run, not waiting.
-            capacity = self.max_queue + (1 if self._active is None else 0)
-            if len(self._pending) >= capacity:
+            # Tickets the batch has room for start at the next step: they are not waiting.
+            room = max(engine.max_num_seqs - len(engine.running), 0)
+            if len(self._pending) - room >= self.max_queue:
                 raise QueueFull(len(self._pending), self._retry_after())
             self._pending.append(ticket)
             self._cond.notify()
@@ -328,13 +356,13 @@ class Scheduler:
         return EngineNotReady("the model is loading", retry_after=5)
 
     def _forget(self, ticket: Ticket) -> None:
-        """A cancelled ticket leaves the queue at once, so queue depth stays honest."""
+        """A cancelled ticket that has not started leaves the queue at once, so queue depth
+        stays honest; one with rows in the batch is ended by the worker before its next
+        step."""
         with self._cond:
-            try:
+            if ticket._unfinished < 0 and ticket in self._pending:
                 self._pending.remove(ticket)
                 self._cancelled += 1
-            except ValueError:
-                pass  # running (the worker will see the flag) or already finished
 
     # -- worker thread --------------------------------------------------------------------
 
@@ -350,76 +378,114 @@ class Scheduler:
         self._engine = engine
         self._state = "ready"
         self._ready.set()
-        while True:
-            tickets = self._take_tickets()
-            if not tickets:
-                return
-            for ticket in tickets:
-                self._serve(engine, ticket)
+        while self._admit(engine):
+            self._drop_finished_tickets(engine)
+            if not engine.running:
+                continue
+            started = time.monotonic()
+            try:
+                events = engine.step()
+            except Exception as exc:  # a bug in the step itself: fail what was running
+                log.exception("engine step failed")
+                events = [(sequence, exc) for sequence in list(engine.running)]
+                for sequence, _ in events:
+                    engine.abort(sequence)
+            self.last_step_seconds = time.monotonic() - started
+            self.num_steps += 1
+            rows = len(engine.running) + sum(isinstance(e, FinishEvent) for _, e in events)
+            self.step_rows_total += rows
+            if self.step_observer is not None:
+                tokens = sum(isinstance(e, TokenEvent) for _, e in events)
+                self.step_observer(rows, tokens, self.last_step_seconds)
+            for sequence, event in events:
+                self._deliver(engine, sequence, event)
 
-    def _take_tickets(self) -> list[Ticket]:
-        """Block for the next ticket(s); [] when stopping. The batching seam."""
+    def _admit(self, engine: EngineLike) -> bool:
+        """Block while there is nothing to do; move waiting tickets' requests into the
+        batch while it has room. False when stopping."""
         with self._cond:
-            while not self._pending and not self._stopping:
+            while not self._pending and not engine.running and not self._stopping:
                 self._cond.wait()
-            if self._stopping:
-                return []
-            ticket = self._pending.popleft()
-            self._active = ticket
-            return [ticket]
-
-    def _serve(self, engine: EngineLike, ticket: Ticket) -> None:
-        started = time.monotonic()
-        outcome = "completed"
-        try:
-            for index, request in enumerate(ticket.requests):
-                outcome = self._serve_one(engine, ticket, index, request)
-                if outcome != "completed":
-                    break
-        finally:
-            elapsed = time.monotonic() - started
-            with self._cond:
-                self._active = None
-                if outcome == "completed":
-                    self._completed += 1
-                    self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed
-                elif outcome == "failed":
-                    self._failed += 1
-                else:
-                    self._cancelled += 1
-            ticket._deliver(_END)
-
-    def _serve_one(
-        self, engine: EngineLike, ticket: Ticket, index: int, request: GenerationRequest
-    ) -> str:
-        """Run one request of a ticket; returns completed | cancelled | failed."""
-        if ticket._cancelled.is_set():
-            return "cancelled"
-        generator = None
-        try:
-            generator = engine.generate(request)
-            for event in generator:
-                # Checked between events: the engine yields at least once a cycle, so a
-                # cancelled or late request stops within one cycle.
-                if ticket._cancelled.is_set():
-                    return "cancelled"
-                if time.monotonic() > ticket.deadline:
-                    ticket._deliver(RequestTimeout("the request timed out"))
-                    return "cancelled"
-                ticket._deliver((index, event))
-                if isinstance(event, FinishEvent):
-                    return "completed"
-            ticket._deliver(GenerationFailed(index, RuntimeError("engine ended without finish")))
-            return "failed"
-        except Exception as exc:  # one request's failure must not take the worker down
-            log.exception("generation failed")
-            failure = GenerationFailed(index, exc)
-            failure.__cause__ = exc
-            ticket._deliver(failure)
-            return "failed"
-        finally:
-            if generator is not None and hasattr(generator, "close"):
+            stopping = self._stopping
+        if stopping:
+            for ticket in list(self._active):
+                self._finish(
+                    engine, ticket, "cancelled", EngineNotReady("the server is shutting down")
+                )
+            return False
+        with self._cond:
+            while self._pending and engine.has_room:
+                ticket = self._pending[0]
+                if ticket._unfinished < 0:
+                    ticket._unfinished = len(ticket.requests)
+                    ticket._started = time.monotonic()
+                    self._active.append(ticket)
+                index = ticket._next
                 try:
-                    generator.close()  # the engine releases this sequence's state
-                except Exception:
-                    log.exception("closing the generator failed")
+                    ticket._rows.append(engine.add(ticket.requests[index], (ticket, index)))
+                except Exception as exc:  # a request the engine cannot start fails its ticket
+                    log.exception("admission failed")
+                    self._pending.popleft()
+                    self._finish(engine, ticket, "failed", GenerationFailed(index, exc))
+                    continue
+                ticket._next += 1
+                if ticket._next == len(ticket.requests):
+                    self._pending.popleft()
+        return True
+
+    def _drop_finished_tickets(self, engine: EngineLike) -> None:
+        """Drop the rows of cancelled tickets and of tickets past their deadline."""
+        now = time.monotonic()
+        for ticket in list(self._active):
+            if ticket._cancelled.is_set():
+                self._finish(engine, ticket, "cancelled")
+            elif now > ticket.deadline:
+                self._finish(engine, ticket, "cancelled", RequestTimeout("the request timed out"))
+
+    def _deliver(self, engine: EngineLike, sequence: Any, event: Event | BaseException) -> None:
+        """Hand one step event to its ticket; finish the ticket with its last request."""
+        ticket, index = sequence.tag
+        if ticket not in self._active:
+            return  # its ticket has ended (cancelled, failed) in this very step
+        if isinstance(event, BaseException):
+            failure = GenerationFailed(index, event)
+            failure.__cause__ = event
+            self._finish(engine, ticket, "failed", failure)
+            return
+        ticket._deliver((index, event))
+        if isinstance(event, FinishEvent):
+            ticket._rows.remove(sequence)
+            ticket._unfinished -= 1
+            if ticket._unfinished == 0:
+                self._finish(engine, ticket, "completed")
+
+    def _abort_rows(self, engine: EngineLike, ticket: Ticket) -> None:
+        for sequence in ticket._rows:
+            engine.abort(sequence)
+        ticket._rows.clear()
+
+    def _finish(
+        self,
+        engine: EngineLike,
+        ticket: Ticket,
+        outcome: str,
+        error: BaseException | None = None,
+    ) -> None:
+        """End a ticket: drop its rows and queue slot, count it, tell its reader."""
+        self._abort_rows(engine, ticket)
+        with self._cond:
+            if ticket in self._active:
+                self._active.remove(ticket)
+            if ticket in self._pending:
+                self._pending.remove(ticket)
+            if outcome == "completed":
+                self._completed += 1
+                elapsed = time.monotonic() - ticket._started
+                self._mean_seconds = 0.8 * self._mean_seconds + 0.2 * elapsed
+            elif outcome == "failed":
+                self._failed += 1
+            else:
+                self._cancelled += 1
+        if error is not None:
+            ticket._deliver(error)
+        ticket._deliver(_END)

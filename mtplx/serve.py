@@ -86,6 +86,8 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
         metavar="O1,O2",
         help="browser origins allowed by CORS, e.g. http://localhost:3000 ('*' = any)",
     )
+    p.add_argument("--max-num-seqs", type=int, help="sequences decoded together (batch rows)")
+    p.add_argument("--prefill-chunk-size", type=int, help="prompt tokens per prefill forward")
     p.add_argument("--max-queue", type=int, help="waiting requests before 429")
     p.add_argument("--max-tokens-limit", type=int, help="largest max_tokens a request may ask")
     p.add_argument("--served-model-name", help="the model id clients send")
@@ -159,7 +161,12 @@ def _check_drafter_available(
 
 
 def engine_factory(
-    model: str | None, drafter: str, depth: int | None, draft_layers: int | None = None
+    model: str | None,
+    drafter: str,
+    depth: int | None,
+    draft_layers: int | None = None,
+    max_num_seqs: int = 16,
+    prefill_chunk_size: int = 128,
 ) -> Callable[[], Any]:
     """A callable that loads the checkpoint and builds the engine. The scheduler runs it on
     its engine thread, so MLX arrays are created on the thread that uses them, and the
@@ -185,6 +192,9 @@ def engine_factory(
             default_drafter=None if drafter == "auto" else drafter,
             default_depth=depth,
             draft_model=draft,
+            max_num_seqs=max_num_seqs,
+            prefill_chunk_size=prefill_chunk_size,
+            prefill_budget=2 * prefill_chunk_size,
         )
         engine.warm_up()  # while /health says loading, not in the first request
         return engine
@@ -240,6 +250,8 @@ def serve(args: argparse.Namespace) -> int:
         "api_key": args.api_key,
         "allowed_hosts": args.allowed_hosts,
         "allowed_origins": args.allowed_origins,
+        "max_num_seqs": args.max_num_seqs,
+        "prefill_chunk_size": args.prefill_chunk_size,
         "max_queue": args.max_queue,
         "max_tokens_limit": args.max_tokens_limit,
         "served_model_name": args.served_model_name,
@@ -272,7 +284,14 @@ def serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     scheduler = Scheduler(
-        engine_factory(settings.model, settings.drafter, settings.depth, settings.draft_layers),
+        engine_factory(
+            settings.model,
+            settings.drafter,
+            settings.depth,
+            settings.draft_layers,
+            settings.max_num_seqs,
+            settings.prefill_chunk_size,
+        ),
         max_queue=settings.max_queue,
         request_timeout=settings.request_timeout,
     )

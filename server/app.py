@@ -52,8 +52,11 @@ def create_app(
         )
     )
     metrics = ServerMetrics(
-        queue_depth=lambda: scheduler.queue_depth, active=lambda: scheduler.active
+        queue_depth=lambda: scheduler.queue_depth,
+        active=lambda: scheduler.active,
+        running_sequences=lambda: scheduler.running,
     )
+    scheduler.step_observer = metrics.observe_step
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -22,6 +22,9 @@ __all__ = ["CONTENT_TYPE", "ServerMetrics"]
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+_STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+_STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class ServerMetrics:
@@ -31,6 +34,7 @@ class ServerMetrics:
         self,
         queue_depth: Callable[[], float] | None = None,
         active: Callable[[], float] | None = None,
+        running_sequences: Callable[[], float] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -68,10 +72,32 @@ class ServerMetrics:
         )  # fmt: skip
         self.queue_depth = Gauge("mtplx_queue_depth", "Requests waiting for the engine", registry=r)
         self.running = Gauge("mtplx_requests_running", "Requests the engine is running", registry=r)
+        self.sequences_running = Gauge(
+            "mtplx_sequences_running", "Sequences (batch rows) the engine is decoding", registry=r
+        )
+        self.batch_size = Histogram(
+            "mtplx_batch_size", "Rows per engine step", buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.step_tokens = Histogram(
+            "mtplx_tokens_per_step", "Tokens committed per engine step (all rows)",
+            buckets=_STEP_TOKEN_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.step_seconds = Histogram(
+            "mtplx_step_duration_seconds", "Seconds per engine step",
+            buckets=_STEP_BUCKETS, registry=r,
+        )  # fmt: skip
+        if running_sequences is not None:
+            self.sequences_running.set_function(running_sequences)
         if queue_depth is not None:
             self.queue_depth.set_function(queue_depth)
         if active is not None:
             self.running.set_function(active)
+
+    def observe_step(self, rows: int, tokens: int, seconds: float) -> None:
+        """One engine step: its batch rows, the tokens it committed, its duration."""
+        self.batch_size.observe(rows)
+        self.step_tokens.observe(tokens)
+        self.step_seconds.observe(seconds)
 
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
         """One finished HTTP request."""

@@ -55,6 +55,12 @@ class ServerSettings(BaseSettings):
         default_factory=list,
         description="browser origins allowed by CORS (comma list; * = any); empty: no CORS",
     )
+    max_num_seqs: int = Field(
+        16, ge=1, le=64, description="sequences decoded together in one batch (rows per step)"
+    )
+    prefill_chunk_size: int = Field(
+        128, ge=16, description="prompt tokens per prefill forward (interleaved with decoding)"
+    )
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 429")
     max_tokens_limit: int = Field(8192, ge=1, description="largest max_tokens a request may ask")
     max_n: int = Field(16, ge=1, description="largest n (choices per prompt)")

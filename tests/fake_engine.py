@@ -68,6 +68,15 @@ def _token_string(token_id: int) -> str:
     return f"<0x{token_id:02X}>"
 
 
+class FakeSequence:
+    """A row of the fake engine's batch: its request, the caller's tag, its event stream."""
+
+    def __init__(self, request: GenerationRequest, tag: object, events: Iterator) -> None:
+        self.request = request
+        self.tag = tag
+        self.events = events
+
+
 class FakeEngine:
     """Deterministic engine double. ``token_delay`` sleeps per token (one "cycle" per token
     as far as cancellation is concerned). ``requests`` records every request generated and
@@ -82,6 +91,7 @@ class FakeEngine:
         available_drafters: tuple[str, ...] = ("mtp", "ngram", "none"),
         default_drafter: str = "mtp",
         default_depth: int | None = 3,
+        max_num_seqs: int = 4,
     ) -> None:
         self.tokenizer = FakeTokenizer()
         self.vocab_size = VOCAB_SIZE
@@ -94,8 +104,53 @@ class FakeEngine:
         self.requests: list[GenerationRequest] = []
         self.log: list[tuple[str, str]] = []
         self.max_concurrent = 0
+        self.max_num_seqs = max_num_seqs
+        self.running: list[FakeSequence] = []
+        self.threads: set[int] = set()  # the threads that called add / step / abort
+        self.num_steps = 0
         self._running = 0
         self._lock = threading.Lock()
+
+    # -- the batch API the scheduler uses: each row advances one event per step -----------
+
+    @property
+    def has_room(self) -> bool:
+        """Whether another sequence can join the batch."""
+        return len(self.running) < self.max_num_seqs
+
+    def add(self, request: GenerationRequest, tag: object = None) -> FakeSequence:
+        """Start ``request`` as a row of the batch."""
+        self.threads.add(threading.get_ident())
+        self.validate(request)
+        if not self.has_room:
+            raise RuntimeError("the batch is full")
+        sequence = FakeSequence(request, tag, self.generate(request))
+        self.running.append(sequence)
+        return sequence
+
+    def step(self) -> list[tuple[FakeSequence, TokenEvent | FinishEvent | BaseException]]:
+        """One event from every row (one token delay for the whole step)."""
+        self.threads.add(threading.get_ident())
+        self.num_steps += 1
+        events: list[tuple[FakeSequence, TokenEvent | FinishEvent | BaseException]] = []
+        for sequence in list(self.running):
+            try:
+                event = next(sequence.events)
+            except Exception as exc:  # a failing row fails alone
+                self.abort(sequence)
+                events.append((sequence, exc))
+                continue
+            events.append((sequence, event))
+            if isinstance(event, FinishEvent):
+                self.abort(sequence)
+        return events
+
+    def abort(self, sequence: FakeSequence) -> None:
+        """Drop a row (closing its generator logs "closed" when it had not finished)."""
+        self.threads.add(threading.get_ident())
+        if sequence in self.running:
+            self.running.remove(sequence)
+            sequence.events.close()
 
     def validate(self, request: GenerationRequest) -> None:
         """Reject what the real engine rejects before doing any work."""
@@ -164,7 +219,7 @@ class FakeEngine:
                 if b"[[fail]]" in label.encode("utf-8") and i == 2:
                     raise RuntimeError("fake engine failure")
                 if self.token_delay:
-                    time.sleep(self.token_delay)
+                    time.sleep(self.token_delay / max(1, len(self.running)))
                 position = i % (depth + 1)
                 if position == 0:
                     stats.num_cycles += 1

@@ -5,15 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import mlx.core as mx
-import numpy as np
 import pytest
 
-from mtplx.depth_policy import AdaptiveDepth
-from mtplx.drafters.base import DraftSampler
-from mtplx.drafters.lookup_first import LOOKUP
-from mtplx.drafters.ngram import LONG_MATCH
-from mtplx.engine import LONG_LOOKUP, Engine, ScratchLookup, _plan_cycle
+from mtplx.engine import Engine
 from mtplx.models import load, make_layer_skip_draft
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig
@@ -273,88 +267,3 @@ def test_reduced_draft_vocabulary_keeps_greedy_exact(llama_draft_vocab_checkpoin
         for depth in (1, 3):
             request = GenerationRequest(prompt, GREEDY, 48, drafter="mtp", depth=depth)
             assert generate(engine, request)[0] == plain
-
-
-def test_cycle_costs_are_measured_once_per_source_and_kind_of_sampling(
-    llama_engine: Engine,
-) -> None:
-    greedy = llama_engine.cycle_costs("mtp", GREEDY)
-    assert len(greedy) == llama_engine.max_adaptive_depth + 1
-    assert all(cost > 0 for cost in greedy)
-    # a drafting cycle is charged at least a plain cycle (it breaks the run-ahead), and more
-    # the deeper it drafts, along one line (noise in one depth cannot make it look cheap)
-    assert all(cost >= greedy[0] for cost in greedy[1:])
-    unfloored = [cost for cost in greedy[1:] if cost > greedy[0]]
-    steps = np.diff(unfloored)
-    assert np.all(steps >= 0) and np.allclose(steps, steps[:1], rtol=1e-6, atol=1e-12)
-    assert llama_engine.cycle_costs("mtp", SamplerConfig(temperature=0.0, seed=9)) is greedy
-    sampled = llama_engine.cycle_costs("mtp", SamplerConfig(temperature=0.7, top_k=5))
-    assert sampled is not greedy
-    assert llama_engine.cycle_costs("ngram", GREEDY) is not greedy
-
-
-@pytest.mark.parametrize("source", ["ngram", "mtp"])
-def test_calibration_times_every_drafting_cycle_at_its_full_depth(
-    llama_engine: Engine, source: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A scratch sequence soon stops repeating, and a lookup with no match drafts nothing: its
-    # "drafting" cycles were once timed as plain ones, which made lookup look free.
-    drafted: list[tuple[int, int]] = []
-    cycle = llama_engine._cycle
-
-    def recording_cycle(state, drafter, config, num_draft, ahead):  # type: ignore[no-untyped-def]
-        result, following = cycle(state, drafter, config, num_draft, ahead)
-        drafted.append((num_draft, result.num_drafted))
-        return result, following
-
-    monkeypatch.setattr(llama_engine, "_cycle", recording_cycle)
-    llama_engine._measure_cycle_costs(source, SamplerConfig(temperature=0.7), rounds=1)
-    depths = {asked for asked, _ in drafted if asked}
-    assert depths == set(range(1, llama_engine.max_adaptive_depth + 1))
-    assert all(got == asked for asked, got in drafted)
-
-
-def test_scratch_lookup_pads_its_proposals_from_the_history() -> None:
-    sampler = DraftSampler(SamplerConfig(), 50, mx.zeros((3,)), None, None)
-    tokens, qs = ScratchLookup().propose([1, 2, 3, 4, 5], 3, sampler)  # no n-gram repeats
-    assert [int(t.item()) for t in tokens] == [3, 4, 5]
-    assert [int(mx.argmax(q).item()) for q in qs] == [3, 4, 5]
-    tokens, _ = ScratchLookup().propose([1, 2, 3, 1, 2], 3, sampler)  # lookup first: 3, 1, 2
-    assert [int(t.item()) for t in tokens] == [3, 1, 2]
-
-
-def test_warm_up_measures_the_default_drafters_costs(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    engine = load_fixture("llama_mtp", tmp_path_factory.mktemp("warm"))
-    assert engine.default_drafter == "mtp+ngram" and not engine._cycle_costs
-    engine.warm_up()
-    assert {source for source, _ in engine._cycle_costs} == {"mtp", "ngram"}
-    assert len(engine._cycle_costs) == 4  # greedy and default sampling for each source
-
-
-def _policies(prior: dict[str, float]) -> dict[str, AdaptiveDepth]:
-    # plain 50 ms, depth k 100 + 10k ms: lookup pays only where acceptance is high
-    costs = [0.05] + [0.1 + 0.01 * k for k in range(1, 6)]
-    return {key: AdaptiveDepth(costs, prior_acceptance=a) for key, a in prior.items()}
-
-
-def test_lookup_is_planned_by_match_length(llama_engine: Engine) -> None:
-    drafter = llama_engine._drafters["mtp+ngram"]
-    policies = _policies({LOOKUP: 0.3, LONG_LOOKUP: 0.8, "mtp": 0.3})
-    text = list(range(100, 140))
-    copying = [*text, 7, *text[:LONG_MATCH]]  # the output copies earlier text
-    assert _plan_cycle(drafter, policies, None, copying, 64) == (LONG_LOOKUP, 5)
-    assert drafter.source == LOOKUP
-    phrase = [*text, 7, *text[:3]]  # a short common match: lookup does not pay, nor mtp
-    assert _plan_cycle(drafter, policies, None, phrase, 64) == ("mtp", 0)
-    assert drafter.source == "mtp"
-    # fixed depth: any match drafts from lookup
-    assert _plan_cycle(drafter, {}, 3, phrase, 64) == (LOOKUP, 3)
-
-
-def test_plain_lookup_without_a_match_runs_a_plain_cycle(llama_engine: Engine) -> None:
-    drafter = llama_engine._drafters["ngram"]
-    assert _plan_cycle(drafter, {}, 4, list(range(100, 140)), 64) == (None, 0)
-    assert _plan_cycle(drafter, {}, 4, [1, 2, 3, 1, 2], 64) == (LOOKUP, 4)
-    assert _plan_cycle(drafter, {}, 4, [1, 2, 3, 1, 2], 2) == (LOOKUP, 2)  # room left

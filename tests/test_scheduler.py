@@ -72,23 +72,26 @@ def test_single_request_yields_tokens_then_finish(scheduler, engine):
     assert scheduler.stats().completed == 1
 
 
-def test_multi_request_ticket_runs_in_order_with_indices(scheduler):
+def test_multi_request_ticket_runs_its_choices_as_rows_of_one_batch(scheduler, engine):
     requests = [_request("a", seed=1), _request("b", seed=2)]
 
     async def main():
-        seen = []
+        seen: dict[int, list] = {0: [], 1: []}
+        order = []
         async for index, event in scheduler.submit(requests):
-            seen.append((index, type(event)))
-        return seen
+            seen[index].append(event)
+            order.append(index)
+        return seen, order
 
-    seen = asyncio.run(main())
-    indices = [i for i, _ in seen]
-    assert indices == sorted(indices) and set(indices) == {0, 1}
-    assert [t for i, t in seen if i == 0][-1] is FinishEvent
+    seen, order = asyncio.run(main())
+    assert order[:4] == [0, 1, 0, 1]  # both choices advance in every step
+    for index, request in enumerate(requests):
+        assert isinstance(seen[index][-1], FinishEvent)
+        assert "".join(e.text for e in seen[index]) == engine.expected_text(request)
 
 
-def test_tickets_run_fifo_and_never_concurrently(engine):
-    engine.token_delay = 0.002
+def test_tickets_start_fifo_and_share_steps_up_to_max_num_seqs():
+    engine = FakeEngine(max_num_seqs=3, token_delay=0.002)
     sched = Scheduler.from_engine(engine, max_queue=16)
     sched.start()
 
@@ -100,11 +103,34 @@ def test_tickets_run_fifo_and_never_concurrently(engine):
         results = asyncio.run(main())
     finally:
         sched.stop()
-    assert engine.max_concurrent == 1
+    assert engine.max_concurrent == 3  # three rows at once, never more
     starts = [label for kind, label in engine.log if kind == "start"]
     assert starts == [f"p{i}" for i in range(6)]
     for i, (text, _) in enumerate(results):
         assert text == engine.expected_text(_request(f"p{i}", max_tokens=5))
+    assert len(engine.threads) == 1  # every engine call on the worker thread
+    assert engine.num_steps < 6 * 6  # steps were shared, not one request after another
+
+
+def test_a_new_request_joins_the_running_batch_at_the_next_step():
+    engine = FakeEngine(max_num_seqs=4, token_delay=0.01)
+    sched = Scheduler.from_engine(engine)
+    sched.start()
+
+    async def main():
+        long = sched.submit(_request("long", max_tokens=10_000))
+        async for _index, _event in long:
+            break  # running
+        steps = engine.num_steps
+        text, _ = await _collect(sched.submit(_request("short", max_tokens=4)))
+        joined_after = engine.num_steps - steps
+        long.cancel()
+        return text, joined_after
+
+    text, joined_after = asyncio.run(main())
+    sched.stop()
+    assert text == engine.expected_text(_request("short", max_tokens=4))
+    assert joined_after <= 4 + 3  # its tokens and a finish, not the long request's 10 000
 
 
 def test_engine_runs_on_the_worker_thread_that_built_it():
@@ -127,8 +153,8 @@ def test_engine_runs_on_the_worker_thread_that_built_it():
     assert threads["load"].name == "mtplx-engine"
 
 
-def test_full_queue_raises_queue_full_with_retry_after(engine):
-    engine.token_delay = 0.01
+def test_full_queue_raises_queue_full_with_retry_after():
+    engine = FakeEngine(max_num_seqs=1, token_delay=0.01)
     sched = Scheduler.from_engine(engine, max_queue=2)
     sched.start()
 
@@ -168,8 +194,8 @@ def test_cancel_running_ticket_frees_engine_within_one_cycle(engine):
     assert elapsed < 0.5  # one cycle (20 ms) plus three tokens, not 10 000 tokens
 
 
-def test_cancel_waiting_ticket_leaves_the_queue(engine):
-    engine.token_delay = 0.01
+def test_cancel_waiting_ticket_leaves_the_queue():
+    engine = FakeEngine(max_num_seqs=1, token_delay=0.01)
     sched = Scheduler.from_engine(engine)
     sched.start()
 
@@ -256,8 +282,8 @@ async def _submit(sched: Scheduler):
     return sched.submit(_request("x"))
 
 
-def test_stop_fails_waiting_tickets(engine):
-    engine.token_delay = 0.01
+def test_stop_fails_waiting_and_running_tickets():
+    engine = FakeEngine(max_num_seqs=1, token_delay=0.01)
     sched = Scheduler.from_engine(engine)
     sched.start()
 
@@ -268,21 +294,24 @@ def test_stop_fails_waiting_tickets(engine):
         await asyncio.to_thread(sched.stop)
         with pytest.raises(EngineNotReady):
             await _collect(waiting)
-        await _collect(running)  # ends (cancelled) instead of hanging
+        with pytest.raises(EngineNotReady, match="shutting down"):
+            await _collect(running)  # ends with an error instead of hanging
 
     asyncio.run(main())
 
 
-def test_idle_engine_admits_a_burst_up_to_capacity(engine):
-    engine.token_delay = 0.005
+def test_idle_engine_admits_a_burst_up_to_capacity():
+    engine = FakeEngine(max_num_seqs=2, token_delay=0.005)
     sched = Scheduler.from_engine(engine, max_queue=1)
     sched.start()
 
     async def main():
-        # The first ticket is about to run, so it does not take the one waiting slot.
-        first = sched.submit(_request("one"))
-        second = sched.submit(_request("two"))
-        await asyncio.gather(_collect(first), _collect(second))
+        # Two tickets are about to run (the batch has room for both): they do not take the
+        # one waiting slot, and a third does; a fourth is refused.
+        tickets = [sched.submit(_request(name)) for name in ("one", "two", "three")]
+        with pytest.raises(QueueFull):
+            sched.submit(_request("four"))
+        await asyncio.gather(*(_collect(t) for t in tickets))
 
     asyncio.run(main())
     sched.stop()

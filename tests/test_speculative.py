@@ -18,7 +18,6 @@ from mtplx.engine import Engine
 from mtplx.models import LoadedModel, load, make_layer_skip_draft
 from mtplx.request import GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig, distribution_from_logits
-from mtplx.speculative import SequenceState, close_ahead, plain_cycle_ahead, run_cycle
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head
 
@@ -83,29 +82,38 @@ def _next_logits_from_history(model: LoadedModel, tokens: list[int]) -> mx.array
 
 
 @settings(max_examples=12, deadline=None)
-@given(schedule=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 4)), min_size=1, max_size=6))
-def test_rollback_leaves_target_cache_as_committed_history(
+@given(schedule=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=1, max_size=8))
+def test_rollback_leaves_target_row_as_committed_history(
     model: LoadedModel, schedule: list[tuple[int, int]]
 ) -> None:
+    """Steps of random depth (0: plain, queued ahead) and accepted length: the committed
+    tokens are plain decoding's, and the row then answers as a fresh cache fed the history."""
     prompt = [7, 3, 9, 12, 4]
-    continuation = _plain_greedy(model, prompt, 40)
+    continuation = _plain_greedy(model, prompt, 60)
+    engine = Engine(model)
+    request = GenerationRequest(
+        prompt, GREEDY, max_tokens=50, drafter="ngram", depth=0, ignore_eos=True
+    )
+    sequence = engine.add(request)
     drafter = ScriptedDrafter(continuation, model.target.vocab_size)
     drafter.reset(prompt)
-    state = SequenceState(
-        [*prompt, continuation[0]], len(prompt), model.target.make_cache(), seed=0
-    )
-    model.target(mx.array(prompt, mx.int32)[None], state.cache)
+    sequence.drafter = drafter
+    tokens: list[int] = []
     for depth, num_right in schedule:
+        sequence.depth = depth
         drafter.num_right = min(num_right, depth)
-        result = run_cycle(model.target, drafter, state, GREEDY, depth)
-        assert result.num_accepted == drafter.num_right
-        state.tokens.extend(result.committed)
-    assert state.tokens[len(prompt) :] == continuation[: len(state.tokens) - len(prompt)]
-    spec_logits, _ = model.target(mx.array([state.tokens[-1:]], mx.int32), state.cache)
-    expected = _next_logits_from_history(model, state.tokens)
-    np.testing.assert_allclose(
-        np.array(spec_logits[0, -1]), np.array(expected), atol=LOGIT_TOLERANCE
-    )
+        tokens += [e.token_id for _, e in engine.step() if isinstance(e, TokenEvent)]
+    while sequence.ahead is not None or sequence.planned is not None:  # settle the queue
+        sequence.depth = 1
+        drafter.num_right = 1
+        tokens += [e.token_id for _, e in engine.step() if isinstance(e, TokenEvent)]
+    assert tokens == continuation[: len(tokens)]
+    assert sequence.tokens == prompt + tokens
+    last = mx.array(sequence.tokens[-1:], mx.int32)
+    spec_logits = engine.batched.forward([sequence.row], [last])[0].logits
+    expected = _next_logits_from_history(model, sequence.tokens)
+    np.testing.assert_allclose(np.array(spec_logits[-1]), np.array(expected), atol=LOGIT_TOLERANCE)
+    engine.abort(sequence)
 
 
 def _target_hidden(model: LoadedModel, tokens: list[int]) -> mx.array:
@@ -313,45 +321,3 @@ def test_ngram_drafter_proposes_nothing_without_a_match() -> None:
     drafter = NgramDrafter()
     tokens, qs = drafter.propose([1, 2, 3], 3, DraftSampler(GREEDY, 10, mx.zeros(3)))
     assert tokens == [] and qs == []
-
-
-@pytest.mark.parametrize(
-    "config", [GREEDY, SamplerConfig(temperature=0.9, top_p=0.95, seed=3)], ids=["greedy", "T=0.9"]
-)
-def test_running_ahead_commits_what_plain_cycles_commit(
-    model: LoadedModel, config: SamplerConfig
-) -> None:
-    """Plain cycles that queue the next forward, closed before each drafting cycle, commit
-    the same tokens as cycles that do not run ahead, and leave the target cache and the
-    drafter answering the same."""
-    prompt = [7, 3, 9, 12, 4]
-    schedule = [0, 0, 2, 0, 0, 0, 3, 1, 0, 0, 2, 0, 0]
-    runs = []
-    for run_ahead in (False, True):
-        drafter = MTPDrafter(model)
-        drafter.reset(prompt)
-        state = SequenceState(list(prompt), len(prompt), model.target.make_cache(), seed=3)
-        _, hidden = model.target(mx.array(prompt[:-1], mx.int32)[None], state.cache)
-        drafter.commit(prompt[1:], hidden)
-        ahead = None
-        for index, depth in enumerate(schedule):
-            drafting_next = index + 1 < len(schedule) and schedule[index + 1] > 0
-            if not run_ahead or depth > 0:
-                result = run_cycle(model.target, drafter, state, config, depth)
-            elif ahead is not None and drafting_next:
-                result, ahead = close_ahead(drafter, ahead), None
-            else:
-                result, ahead = plain_cycle_ahead(model.target, drafter, state, config, ahead)
-            state.tokens.extend(result.committed)
-        if ahead is None:
-            last = mx.array([state.tokens[-1:]], mx.int32)
-            next_logits = model.target(last, state.cache)[0]
-        else:
-            next_logits = ahead.logits
-        greedy = lambda k: DraftSampler(GREEDY, model.target.vocab_size, mx.zeros(k))  # noqa: E731
-        drafts = [int(t.item()) for t in drafter.propose(state.tokens, 2, greedy(2))[0]]
-        runs.append((state.tokens, np.array(next_logits[0, -1]), drafts))
-    (tokens, logits, drafts), (tokens_ahead, logits_ahead, drafts_ahead) = runs
-    assert tokens_ahead == tokens
-    np.testing.assert_array_equal(logits_ahead, logits)
-    assert drafts_ahead == drafts

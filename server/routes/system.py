@@ -64,6 +64,7 @@ async def health(request: Request) -> JSONResponse:
         "status": {"ready": "ok", "failed": "error"}.get(stats.state, stats.state),
         "uptime_s": round(time.time() - ctx.started_at, 3),
         "queue": {"depth": stats.queue_depth, "active": stats.active, "max": stats.max_queue},
+        "batch": {"running": stats.running, "waiting": stats.queue_depth},
         "requests": {
             "completed": stats.completed,
             "failed": stats.failed,
@@ -79,6 +80,7 @@ async def health(request: Request) -> JSONResponse:
             depth=engine.default_depth if engine.default_depth is not None else "adaptive",
             available_drafters=list(engine.available_drafters),
             context_length=engine.context_length,
+            max_num_seqs=engine.max_num_seqs,
         )
         return JSONResponse(body)
     if stats.state == "failed":
