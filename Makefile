@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-llamacpp test test-slow serve bench lint format clean
+.PHONY: install install-llamacpp test test-slow test-docker serve bench lint format clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
+
+# Build docker/Dockerfile and check the image for real (needs root or a running Docker daemon;
+# not part of `make test`). BASE_IMAGE=... picks the base; see README, Docker.
+test-docker:
+	$(PYTHON) docker/test_image.py $(if $(BASE_IMAGE),--base $(BASE_IMAGE)) $(ARGS)
 
 serve: $(STAMP)
 	$(BIN)/mtplx serve $(ARGS)
