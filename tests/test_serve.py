@@ -19,8 +19,11 @@ def fake_engine_modules(monkeypatch):
     calls = {}
 
     class Engine(FakeEngine):
-        def __init__(self, loaded, default_drafter="mtp", default_depth=None, draft_model=None):
+        def __init__(
+            self, loaded, default_drafter="mtp", default_depth=None, draft_model=None, **sizes
+        ):
             calls["engine"] = (loaded.path, default_drafter, default_depth)
+            calls["sizes"] = sizes
             super().__init__(default_drafter=default_drafter, default_depth=default_depth)
 
         def warm_up(self):
@@ -39,10 +42,11 @@ def fake_engine_modules(monkeypatch):
 
 
 def test_engine_factory_builds_engine_lazily(fake_engine_modules):
-    build = serve_commands.engine_factory("/ckpt", "ngram", 4)
+    build = serve_commands.engine_factory("/ckpt", "ngram", 4, max_num_seqs=6)
     assert "engine" not in fake_engine_modules  # nothing loads until the engine thread asks
     engine = build()
     assert fake_engine_modules["engine"] == ("loaded:/ckpt", "ngram", 4)
+    assert fake_engine_modules["sizes"]["max_num_seqs"] == 6
     assert engine.default_drafter == "ngram"
     assert fake_engine_modules["warm_up"]  # cycle costs are measured before serving
 
