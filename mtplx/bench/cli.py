@@ -85,6 +85,15 @@ def add_bench_serve_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--api-key")
     p.add_argument("--out", type=Path, help="folder for serve.json and serve.md")
+    p.add_argument(
+        "--admission",
+        type=int,
+        default=0,
+        metavar="STREAMS",
+        help="also measure the running streams' inter-token gaps while a long prompt is "
+        "admitted among STREAMS streams (0: skip)",
+    )
+    p.add_argument("--admission-prompt-tokens", type=int, default=1500)
     return p
 
 

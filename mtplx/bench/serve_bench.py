@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import time
@@ -171,6 +172,92 @@ async def bench_serve(
         ]
 
 
+@dataclass
+class AdmissionResult:
+    """Running streams' inter-token gaps while a long prompt joins the batch."""
+
+    streams: int
+    prompt_words: int
+    long_ttft_s: float
+    max_gap_s: float  # the longest wait between two content chunks of a running stream
+    max_gap_before_s: float  # the same over the seconds before the long prompt arrived
+    gaps_over_2s: int
+
+
+async def _timed_stream(
+    client: httpx.AsyncClient, body: dict[str, Any], stamps: list[float]
+) -> None:
+    """Stream ``body``, appending the arrival time of every content chunk to ``stamps``."""
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                stamps.append(time.perf_counter())
+
+
+async def admission_gaps(
+    client: httpx.AsyncClient,
+    model: str,
+    streams: int,
+    prompt_tokens: int,
+    max_tokens: int = 400,
+    settle_s: float = 3.0,
+) -> AdmissionResult:
+    """Start ``streams`` long streams; once all are streaming (and ``settle_s`` more), send
+    one request whose prompt is about ``prompt_tokens`` tokens and record how long the
+    running streams wait between chunks while it is prefilled and starts."""
+    stamps: list[list[float]] = [[] for _ in range(streams)]
+    bodies = [
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": f"Count from {i} to 1000, one per line."}],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        for i in range(streams)
+    ]
+    pairs = zip(bodies, stamps, strict=True)
+    tasks = [asyncio.create_task(_timed_stream(client, b, s)) for b, s in pairs]
+    while not all(stamps):
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(settle_s)
+    words = " ".join(f"word{i % 97}" for i in range(prompt_tokens // 3))  # ~3 tokens a word
+    long_body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Summarise: {words}"}],
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    arrived = time.perf_counter()
+    long_stamps: list[float] = []
+    await _timed_stream(client, long_body, long_stamps)
+    answered = time.perf_counter()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+    def gaps(start: float, end: float) -> list[float]:
+        found = []
+        for times in stamps:
+            inside = [t for t in times if start <= t <= end]
+            found += [b - a for a, b in itertools.pairwise(inside)]
+        return found
+
+    during = gaps(arrived - 0.5, answered)
+    before = gaps(arrived - settle_s, arrived)
+    return AdmissionResult(
+        streams=streams,
+        prompt_words=prompt_tokens // 3,
+        long_ttft_s=(long_stamps[0] if long_stamps else answered) - arrived,
+        max_gap_s=max(during, default=math.nan),
+        max_gap_before_s=max(before, default=math.nan),
+        gaps_over_2s=sum(g > 2.0 for g in during),
+    )
+
+
 def markdown(levels: list[LevelResult], base_url: str) -> str:
     """A Markdown table of the levels."""
     lines = [
@@ -190,8 +277,17 @@ def markdown(levels: list[LevelResult], base_url: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+async def _admission(args: argparse.Namespace) -> AdmissionResult:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    timeout = httpx.Timeout(600.0, connect=10.0)
+    async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=timeout) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        return await admission_gaps(client, model, args.admission, args.admission_prompt_tokens)
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the levels, print the table, write JSON and Markdown when --out is given."""
+    admission = asyncio.run(_admission(args)) if getattr(args, "admission", 0) else None
     levels = asyncio.run(
         bench_serve(
             args.url,
@@ -203,9 +299,20 @@ def main(args: argparse.Namespace) -> int:
         )
     )
     table = markdown(levels, args.url)
+    if admission is not None:
+        table += (
+            f"\nAdmission of a ~{args.admission_prompt_tokens}-token prompt among "
+            f"{admission.streams} streams: its TTFT {admission.long_ttft_s:.2f} s; running "
+            f"streams' longest inter-token gap {admission.max_gap_s:.2f} s "
+            f"(before it arrived: {admission.max_gap_before_s:.2f} s), "
+            f"{admission.gaps_over_2s} gaps over 2 s\n"
+        )
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "serve.json").write_text(json.dumps([asdict(lv) for lv in levels], indent=1))
+        report: dict[str, Any] = {"levels": [asdict(lv) for lv in levels]}
+        if admission is not None:
+            report["admission"] = asdict(admission)
+        (args.out / "serve.json").write_text(json.dumps(report, indent=1))
         (args.out / "serve.md").write_text(table)
     return 0

@@ -218,3 +218,41 @@ def test_client_disconnect_over_tcp_frees_the_engine(base_url):
     assert time.monotonic() - started < 2.0
     health = httpx.get(f"{base_url}/health").json()
     assert health["queue"]["active"] == 0 and health["requests"]["cancelled"] >= 1
+
+
+def test_concurrent_streams_equal_their_solo_runs(sdk):
+    """Eight greedy streams at once (rows of one batch) give the text each gives alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(i: int) -> str:
+        stream = sdk.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": f"story {i}"}],
+            max_tokens=24,
+            temperature=0.0,
+            stream=True,
+            **NO_EOS,
+        )
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    alone = [run(i) for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(run, range(8)))
+    assert together == alone
+    assert len(set(alone)) > 1
+
+
+def test_bench_serve_admission_measures_running_streams_gaps(base_url):
+    import asyncio
+
+    from mtplx.bench.serve_bench import admission_gaps
+
+    async def main():
+        async with httpx.AsyncClient(base_url=base_url, headers=HEADERS, timeout=60) as client:
+            return await admission_gaps(
+                client, MODEL, streams=3, prompt_tokens=300, max_tokens=200, settle_s=0.5
+            )
+
+    result = asyncio.run(main())
+    assert result.streams == 3 and result.long_ttft_s > 0
+    assert result.max_gap_s > 0 and result.max_gap_before_s > 0
