@@ -144,6 +144,9 @@ class Ticket:
     _rows: list[Any] = field(default_factory=list)
     _unfinished: int = -1
     _started: float = 0.0
+    # Events handed to the loop (worker thread) and read (loop): each counter has one writer.
+    _sent: int = 0
+    _read: int = 0
 
     def __aiter__(self) -> Ticket:
         return self
@@ -157,6 +160,7 @@ class Ticket:
         except asyncio.TimeoutError:
             self.cancel()
             raise RequestTimeout("the request timed out") from None
+        self._read += 1
         if item is _END:
             self._done = True
             raise StopAsyncIteration
@@ -186,6 +190,7 @@ class Ticket:
 
     def _deliver(self, item: Any) -> None:
         """Called on the worker thread: hand one item to the asyncio side."""
+        self._sent += 1
         try:
             self._loop.call_soon_threadsafe(self._events.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
@@ -201,6 +206,7 @@ class Scheduler:
         *,
         max_queue: int = 64,
         request_timeout: float = 600.0,
+        max_backlog: int = 4096,
         name: str = "mtplx-engine",
     ) -> None:
         if max_queue < 1:
@@ -209,6 +215,10 @@ class Scheduler:
             raise ValueError(f"request_timeout must be > 0, got {request_timeout}")
         self.max_queue = max_queue
         self.request_timeout = request_timeout
+        # A ticket whose reader falls this many events behind is cancelled: its events would
+        # otherwise pile up in memory without bound (a client that stopped reading).
+        self.max_backlog = max_backlog
+        self.slow_readers = 0  # tickets cancelled for it, for /metrics
         self._factory = engine_factory
         self._name = name
         self._pending: collections.deque[Ticket] = collections.deque()
@@ -217,6 +227,7 @@ class Scheduler:
         self._engine: EngineLike | None = None
         self._state = "created"
         self._stopping = False
+        self._draining = False
         self._active: list[Ticket] = []  # tickets with rows in the batch (worker thread)
         self.load_error: BaseException | None = None
         self._ready = threading.Event()
@@ -260,6 +271,26 @@ class Scheduler:
             self._thread.join(timeout)
         self._state = "stopped"
 
+    def drain(self, timeout: float) -> threading.Thread:
+        """Graceful shutdown: refuse new tickets now, let running and waiting ones finish for
+        up to ``timeout`` seconds, then ``stop`` (the rest end with an error). Returns the
+        thread that waits; it stops the scheduler when all tickets are done or time is up."""
+
+        def wait_then_stop() -> None:
+            deadline = time.monotonic() + timeout
+            with self._cond:
+                while (self._active or self._pending) and time.monotonic() < deadline:
+                    self._cond.wait(min(0.1, max(deadline - time.monotonic(), 0.0)))
+            self.stop()
+
+        with self._cond:
+            self._draining = True
+            if self._state == "ready":
+                self._state = "draining"
+        thread = threading.Thread(target=wait_then_stop, name="mtplx-drain", daemon=True)
+        thread.start()
+        return thread
+
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the engine is loaded (True) or loading failed / timed out (False)."""
         self._ready.wait(timeout)
@@ -267,7 +298,7 @@ class Scheduler:
 
     @property
     def state(self) -> str:
-        """created | loading | ready | failed | stopped."""
+        """created | loading | ready | draining | failed | stopped."""
         return self._state
 
     @property
@@ -335,7 +366,7 @@ class Scheduler:
         deadline = time.monotonic() + (timeout or self.request_timeout)
         ticket = Ticket(requests=requests, deadline=deadline, _loop=loop, _scheduler=self)
         with self._cond:
-            if self._stopping:
+            if self._stopping or self._draining:
                 raise EngineNotReady("the server is shutting down")
             # Tickets the batch has room for start at the next step: they are not waiting.
             room = max(engine.max_num_seqs - len(engine.running), 0)
@@ -351,7 +382,7 @@ class Scheduler:
     def _not_ready(self) -> EngineNotReady:
         if self._state == "failed":
             return EngineNotReady(f"the model failed to load: {self.load_error}")
-        if self._state == "stopped" or self._stopping:
+        if self._state in ("stopped", "draining") or self._stopping or self._draining:
             return EngineNotReady("the server is shutting down")
         return EngineNotReady("the model is loading", retry_after=5)
 
@@ -437,6 +468,10 @@ class Scheduler:
         """Drop the rows of cancelled tickets and of tickets past their deadline."""
         now = time.monotonic()
         for ticket in list(self._active):
+            if ticket._sent - ticket._read > self.max_backlog:
+                self.slow_readers += 1
+                ticket._cancelled.set()
+                log.warning("cancelled a request whose client stopped reading")
             if ticket._cancelled.is_set():
                 self._finish(engine, ticket, "cancelled")
             elif now > ticket.deadline:
@@ -486,6 +521,7 @@ class Scheduler:
                 self._failed += 1
             else:
                 self._cancelled += 1
+            self._cond.notify_all()
         if error is not None:
             ticket._deliver(error)
         ticket._deliver(_END)

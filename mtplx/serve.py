@@ -89,6 +89,9 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, help="sequences decoded together (batch rows)")
     p.add_argument("--prefill-chunk-size", type=int, help="prompt tokens per prefill forward")
     p.add_argument("--max-queue", type=int, help="waiting requests before 429")
+    p.add_argument(
+        "--shutdown-timeout", type=float, help="seconds in-flight requests may finish on SIGTERM"
+    )
     p.add_argument("--max-tokens-limit", type=int, help="largest max_tokens a request may ask")
     p.add_argument("--served-model-name", help="the model id clients send")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
@@ -253,6 +256,7 @@ def serve(args: argparse.Namespace) -> int:
         "max_num_seqs": args.max_num_seqs,
         "prefill_chunk_size": args.prefill_chunk_size,
         "max_queue": args.max_queue,
+        "shutdown_timeout": args.shutdown_timeout,
         "max_tokens_limit": args.max_tokens_limit,
         "served_model_name": args.served_model_name,
         "log_level": args.log_level,
@@ -296,22 +300,63 @@ def serve(args: argparse.Namespace) -> int:
         request_timeout=settings.request_timeout,
     )
     app = create_app(scheduler, settings, blas_info=describe_blas)
-    error = run_server(app, scheduler, settings.host, settings.port, settings.log_level)
+    error = run_server(
+        app,
+        scheduler,
+        settings.host,
+        settings.port,
+        settings.log_level,
+        settings.shutdown_timeout,
+    )
     if error is not None:
         print(f"mtplx serve: the model failed to load: {error}", file=sys.stderr)
         return 1
     return 0
 
 
-def run_server(app: Any, scheduler: Any, host: str, port: int, log_level: str) -> Any:
+def run_server(
+    app: Any,
+    scheduler: Any,
+    host: str,
+    port: int,
+    log_level: str,
+    shutdown_timeout: float = 30.0,
+) -> Any:
     """Serve ``app`` with uvicorn until interrupted. The model loads on the engine thread
     while /health answers 503; if loading fails (bad path, a drafter the checkpoint cannot
-    use) the server shuts down and the load error is returned, else None."""
+    use) the server shuts down and the load error is returned, else None.
+
+    SIGTERM / SIGINT stop it gracefully: no new connections, new requests on open ones get
+    503 (and /health 503), requests in flight finish for up to ``shutdown_timeout`` seconds,
+    then the rest end with an error event (and ``[DONE]``); the process exits 0. A second
+    SIGINT exits at once."""
     import threading
 
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    from server.streaming import let_streams_drain
+
+    let_streams_drain()
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            # A graceful stop is a normal exit: uvicorn would re-raise the signal after it.
+            self._captured_signals.clear()
+            if first:
+                scheduler.drain(shutdown_timeout)
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        # Streams end by themselves once the scheduler's drain is over; uvicorn only cuts
+        # what is left a little later.
+        timeout_graceful_shutdown=shutdown_timeout + 5,
+    )
+    server = DrainingServer(config)
 
     def stop_if_load_fails() -> None:
         if not scheduler.wait_ready() and scheduler.state == "failed":

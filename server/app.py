@@ -55,6 +55,7 @@ def create_app(
         queue_depth=lambda: scheduler.queue_depth,
         active=lambda: scheduler.active,
         running_sequences=lambda: scheduler.running,
+        slow_readers=lambda: scheduler.slow_readers,
     )
     scheduler.step_observer = metrics.observe_step
 

@@ -35,6 +35,7 @@ class ServerMetrics:
         queue_depth: Callable[[], float] | None = None,
         active: Callable[[], float] | None = None,
         running_sequences: Callable[[], float] | None = None,
+        slow_readers: Callable[[], float] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -86,6 +87,12 @@ class ServerMetrics:
             "mtplx_step_duration_seconds", "Seconds per engine step",
             buckets=_STEP_BUCKETS, registry=r,
         )  # fmt: skip
+        self.slow_readers = Gauge(
+            "mtplx_slow_reader_cancellations",
+            "Requests cancelled because their client stopped reading", registry=r,
+        )  # fmt: skip
+        if slow_readers is not None:
+            self.slow_readers.set_function(slow_readers)
         if running_sequences is not None:
             self.sequences_running.set_function(running_sequences)
         if queue_depth is not None:

@@ -68,6 +68,9 @@ class ServerSettings(BaseSettings):
         16, ge=1, description="largest number of choices per request: prompts x n"
     )
     request_timeout: float = Field(600.0, gt=0, description="seconds, waiting plus generating")
+    shutdown_timeout: float = Field(
+        30.0, ge=0, description="seconds in-flight requests may finish on SIGTERM / SIGINT"
+    )
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="larger bodies: 413")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -88,13 +88,24 @@ async def stream_chunks(
                         yield _data(formatter.tail(index, event.text))
                     yield _data(formatter.finish(index, event.finish_reason))
         except SchedulerError as exc:
+            # The status line went out as 200: the error is an event, and the stream still
+            # ends the way clients wait for.
             yield _data(error_for(exc).body())
+            yield {"data": "[DONE]"}
             return
     if on_done is not None:
         on_done(stats)
     if include_usage:
         yield _data(formatter.usage(usage(prompt_tokens, stats), speculative_summary(stats)))
     yield {"data": "[DONE]"}
+
+
+def let_streams_drain() -> None:
+    """Keep sse-starlette from cutting streams the moment uvicorn is told to exit: the
+    scheduler's drain ends them itself (a finish, or an error event), each with ``[DONE]``."""
+    from sse_starlette.sse import AppStatus
+
+    AppStatus.disable_automatic_graceful_drain()
 
 
 def sse_response(events: AsyncIterator[dict[str, str]]) -> EventSourceResponse:

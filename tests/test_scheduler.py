@@ -315,3 +315,44 @@ def test_idle_engine_admits_a_burst_up_to_capacity():
 
     asyncio.run(main())
     sched.stop()
+
+
+def test_drain_lets_running_tickets_finish_and_refuses_new_ones():
+    engine = FakeEngine(max_num_seqs=2, token_delay=0.005)
+    sched = Scheduler.from_engine(engine)
+    sched.start()
+
+    async def main():
+        short = sched.submit(_request("short", max_tokens=20))
+        long = sched.submit(_request("long", max_tokens=100_000))
+        await _wait_for(lambda: sched.active == 2)
+        waiter = sched.drain(timeout=1.0)
+        assert sched.state == "draining"
+        with pytest.raises(EngineNotReady, match="shutting down"):
+            sched.submit(_request("late"))
+        text, reason = await _collect(short)  # finishes normally within the drain
+        assert reason == "length" and text == engine.expected_text(_request("short", 20))
+        with pytest.raises(EngineNotReady, match="shutting down"):
+            await _collect(long)  # still running at the deadline: ended with an error
+        await asyncio.to_thread(waiter.join, 5)
+
+    asyncio.run(main())
+    assert sched.state == "stopped"
+
+
+def test_a_reader_that_stops_reading_is_cancelled():
+    engine = FakeEngine(max_num_seqs=2, token_delay=0.0)
+    sched = Scheduler.from_engine(engine, max_backlog=50)
+    sched.start()
+
+    async def main():
+        stalled = sched.submit(_request("stalled", max_tokens=100_000))
+        await _wait_for(lambda: sched.stats().cancelled == 1, timeout=10)
+        assert sched.slow_readers == 1
+        assert ("closed", "stalled") in engine.log  # its row left the batch
+        assert stalled._sent - stalled._read <= 50 + 3  # the backlog stayed bounded
+        text, _ = await _collect(sched.submit(_request("reader", max_tokens=8)))
+        assert text
+
+    asyncio.run(main())
+    sched.stop()

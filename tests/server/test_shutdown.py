@@ -1,0 +1,97 @@
+"""Graceful shutdown of ``mtplx serve``: SIGTERM with streams in flight lets short ones
+finish, ends the rest with an error event, every stream ends with ``[DONE]``, exit 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.settings import ServerSettings
+from tests.server.test_live_server import ROOT, _free_port
+
+
+def _start(checkpoint: Path, log: Path, shutdown_timeout: float) -> tuple[subprocess.Popen, str]:
+    settings = {f"MTPLX_{name.upper()}" for name in ServerSettings.model_fields}
+    env = {k: v for k, v in os.environ.items() if k.upper() not in settings}
+    env["PYTHONPATH"] = str(ROOT)
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "mtplx", "serve", str(checkpoint), "--port", str(port),
+        "--drafter", "ngram", "--served-model-name", "tiny", "--log-level", "warning",
+        "--shutdown-timeout", str(shutdown_timeout),
+    ]  # fmt: skip
+    with log.open("w") as output:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        assert process.poll() is None, log.read_text()[-2000:]
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.1)
+
+
+def _stream(url: str, max_tokens: int, out: list) -> None:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": f"go {max_tokens}"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    payloads = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                payloads.append(line[6:])
+    out.append(payloads)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_drains_streams_and_exits_zero(
+    tiny_checkpoint: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    process, url = _start(tiny_checkpoint, tmp_path / "server.log", shutdown_timeout=1.5)
+    try:
+        results: list[list[str]] = []
+        threads = [
+            threading.Thread(target=_stream, args=(url, tokens, results))
+            for tokens in (20, 4000, 4000)
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/health").json()["batch"]["running"] < 2:  # the long two
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        process.send_signal(sig)
+        for thread in threads:
+            thread.join(30)
+        assert process.wait(30) == 0, (tmp_path / "server.log").read_text()[-2000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert len(results) == 3
+    endings = []
+    for payloads in results:
+        assert payloads[-1] == "[DONE]"
+        last = json.loads(payloads[-2])
+        if "error" in last:
+            endings.append("error")
+        else:
+            assert last["choices"][0]["finish_reason"] == "length"
+            endings.append("finish")
+    assert sorted(endings) == ["error", "error", "finish"]
