@@ -116,10 +116,10 @@ class ServerMetrics:
         self.ttft.labels(endpoint=endpoint).observe(seconds)
 
     def observe_generation(self, prompt_tokens: int, stats: Sequence[GenerationStats]) -> None:
-        """Token and speculative counters of one request's choices."""
+        """Prompt and speculative counters of one request's finished choices (generated
+        tokens are counted as they are sent: ``observe_sent_tokens``)."""
         self.prompt_tokens.inc(prompt_tokens)
         for s in stats:
-            self.generation_tokens.inc(s.completion_tokens)
             self.cycles.inc(s.num_cycles)
             self.drafts.inc(s.num_drafts)
             self.draft_tokens.inc(s.num_draft_tokens)
@@ -128,6 +128,10 @@ class ServerMetrics:
                 self.accepted_per_position.labels(position=str(position)).inc(count)
             for position, count in enumerate(s.drafted_per_position):
                 self.drafted_per_position.labels(position=str(position)).inc(count)
+
+    def observe_sent_tokens(self, count: int = 1) -> None:
+        """Generated tokens that reached the client (a stream's as they go out)."""
+        self.generation_tokens.inc(count)
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""

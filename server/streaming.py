@@ -59,10 +59,35 @@ async def stream_chunks(
     prompt_tokens: int,
     include_usage: bool,
     on_first_token: Callable[[], None] | None = None,
+    on_token: Callable[[], None] | None = None,
     on_done: Callable[[list[GenerationStats]], None] | None = None,
+    on_disconnect: Callable[[], None] | None = None,
 ) -> AsyncIterator[dict[str, str]]:
     """SSE events for one ticket. A failure after the headers went out is sent as an
-    ``{"error": ...}`` event (the status line is already 200) and the stream ends."""
+    ``{"error": ...}`` event (the status line is already 200) and the stream ends.
+    ``on_token`` runs for every token sent; ``on_disconnect`` when the client leaves before
+    the end."""
+    ended = False
+    try:
+        async for event in _stream_chunks(
+            ticket, formatter, prompt_tokens, include_usage, on_first_token, on_token, on_done
+        ):
+            yield event
+        ended = True
+    finally:
+        if not ended and on_disconnect is not None:
+            on_disconnect()
+
+
+async def _stream_chunks(
+    ticket: Ticket,
+    formatter: ChunkFormatter,
+    prompt_tokens: int,
+    include_usage: bool,
+    on_first_token: Callable[[], None] | None,
+    on_token: Callable[[], None] | None,
+    on_done: Callable[[list[GenerationStats]], None] | None,
+) -> AsyncIterator[dict[str, str]]:
     stats: list[GenerationStats] = []
     begun: set[int] = set()
     first = True
@@ -80,6 +105,8 @@ async def stream_chunks(
                     first = False
                     # An empty piece is a character still incomplete: nothing to send,
                     # unless the client wants this token's logprob.
+                    if on_token is not None:  # counted as it is handed to the transport
+                        on_token()
                     if event.text or formatter.wants_logprobs:
                         yield _data(formatter.token(index, event))
                 elif isinstance(event, FinishEvent):

@@ -67,7 +67,9 @@ async def respond(
             prompt_tokens=prompt_tokens,
             include_usage=include_usage,
             on_first_token=first_token,
+            on_token=ctx.metrics.observe_sent_tokens,
             on_done=done,
+            on_disconnect=lambda: setattr(request.state, "disconnected", True),
         )
         response = sse_response(events)
         # If the client leaves before the body iterator starts, its cleanup never runs;
@@ -84,5 +86,6 @@ async def respond(
         raise error_for(exc) from exc
     stats = [r.stats for r in results if r.stats is not None]
     done(stats)
+    ctx.metrics.observe_sent_tokens(sum(s.completion_tokens for s in stats))
     reply = build_reply(results, usage(prompt_tokens, stats), speculative_summary(stats))
     return JSONResponse(reply)

@@ -197,3 +197,28 @@ async def test_one_log_line_per_request_with_id(client, caplog):
     assert "id=req-123" in lines[0] and "status=200" in lines[0]
     assert "completion_tokens=3" in lines[0] and "latency_ms=" in lines[0]
     assert "status=400" in lines[1]
+
+
+async def test_a_disconnected_stream_is_499_and_its_sent_tokens_count(make_app):
+    from tests.fake_engine import FakeEngine
+    from tests.server.helpers import ASGICall, wait_until
+
+    app = make_app(FakeEngine(token_delay=0.01))
+    call = ASGICall(app, "/v1/chat/completions", chat_body(stream=True, max_tokens=3000))
+    assert await call.start() == 200
+    received = 0
+    async for payload in call.events():
+        received += '"content"' in payload
+        if received == 5:
+            break
+    await call.disconnect()
+    await wait_until(lambda: app.state.ctx.scheduler.active == 0)
+    async with _client(app) as c:
+        text = (await c.get("/metrics")).text
+    assert 'mtplx_requests_total{endpoint="/v1/chat/completions",status="499"} 1.0' in text
+    sent = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("mtplx_generation_tokens_total")
+    )
+    assert 5 <= sent < 3000  # what went out before the client left, not nothing, not all
