@@ -1,12 +1,14 @@
 """The step cost model of an engine (``mtplx.planner.StepCosts``), measured at start-up.
 
-Steps are timed on scratch sequences through the engine's own step loop: for each batch size
-B, plain steps (every row one queued token, as the engine runs them) and steps where every
-row verifies k lookup drafts (a scratch lookup that always proposes k tokens, so proposing
-costs nothing); then, alone, steps drafting k tokens from each model drafter, whose excess
-over lookup is that drafter's proposing time. A drafting step's cost is a line in k fitted
-through its depths: noise in one depth can then neither make it look cheaper than a
-shallower one nor make a deeper one look free.
+Steps are timed on scratch sequences through the engine's own step loop. For each batch
+size B, B scratch rows switch between plain decoding (every row one queued token, as the
+engine runs them) and verifying k lookup drafts (a scratch lookup that always proposes k
+tokens, proposing for free), in rounds that visit every depth in turn, so that a slow
+spell of the machine (a shared host's is +-15%) weighs on all depths alike; medians over
+rounds. A drafting step's cost is a line in k fitted through its depths (intercept: the
+extra of a step that must read its verdicts; slope: one more verified token per row):
+noise in one depth can then neither make it look cheaper than a shallower one nor make a
+deeper one look free. Each model drafter's proposing time is timed directly, alone.
 
 The result is cached per model, machine and code version under ``$MTPLX_HOME/calibration``,
 so a restart loads it instead of measuring again.
@@ -34,18 +36,24 @@ from mtplx.sampling import SamplerConfig
 
 if TYPE_CHECKING:
     from mtplx.engine import Engine
+    from mtplx.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
-CALIBRATION_VERSION = 1  # bump when what is measured changes
-BATCH_SIZES = (1, 2, 4, 8, 16)
-DEPTHS = (1, 3)
+CALIBRATION_VERSION = 2  # bump when what is measured changes
+BATCH_SIZES = (1, 4, 8, 16)
+DEPTHS = (1, 2, 4)
 MODEL_DRAFTERS = ("mtp", "draft_model")
 
 
 class ScratchLookup(NgramDrafter):
     """Prompt lookup for calibration: drafts k one-hot tokens every cycle (the history's last
     k tokens when it has no n-gram match), so a lookup cycle of depth k is timed as one."""
+
+    def match_length(self, history: list[int]) -> int:
+        """Never 0: the planner asks a lookup with no match for nothing, and the scratch
+        text soon stops repeating itself."""
+        return max(super().match_length(history), self.min_ngram)
 
     def propose(
         self, history: list[int], k: int, sample: DraftSampler
@@ -57,40 +65,77 @@ class ScratchLookup(NgramDrafter):
         return one_hot_proposals(continuation + padding, sample.vocab_size)
 
 
-def time_steps(
-    engine: Engine, batch_size: int, depth: int, drafter: str | None, repeats: int = 3
-) -> float:
-    """Median seconds of one engine step with ``batch_size`` scratch rows all at ``depth``
-    (drafting from ``drafter``; None: scratch lookup)."""
+def _scratch_rows(engine: Engine, batch_size: int, drafter: str | None) -> list[Sequence]:
+    """``batch_size`` prefilled scratch rows (greedy, fixed depth 0) drafting from
+    ``drafter`` (None: scratch lookup)."""
     if engine.running:
         raise RuntimeError("calibration needs an idle engine")
     prompt = [(7 + i % 8) % engine.vocab_size for i in range(32)]
     request = GenerationRequest(
         prompt_ids=prompt,
         sampler=SamplerConfig(temperature=0.0),
-        max_tokens=10_000,
+        max_tokens=engine.context_length - len(prompt) - 1,
         ignore_eos=True,
         drafter=drafter or "ngram",
-        depth=depth,
+        depth=0,
     )
-    sequences = [engine.add(request) for _ in range(batch_size)]
+    rows = [engine.add(request) for _ in range(batch_size)]
+    if drafter is None:
+        for row in rows:
+            row.drafter = ScratchLookup()
+    while not all(row.prefilled for row in rows):
+        engine.step()
+    return rows
+
+
+def _timed_steps(engine: Engine, rows: list[Sequence], depth: int, steps: int = 2) -> float:
+    """Median seconds of a step with every row at ``depth``, after the steps that switch
+    the rows to it (closing queued forwards, or queuing them)."""
+    for row in rows:
+        row.depth = depth
+    for _ in range(2):
+        engine.step()
+    timings = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        engine.step()
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings)
+
+
+def time_steps(engine: Engine, batch_size: int, depths: tuple[int, ...], rounds: int = 3):
+    """{depth: median step seconds} of ``batch_size`` scratch lookup rows, depths visited
+    in turn every round."""
+    rows = _scratch_rows(engine, batch_size, None)
     try:
-        if drafter is None:
-            for sequence in sequences:
-                sequence.drafter = ScratchLookup()
-        while not all(s.prefilled for s in sequences):
-            engine.step()
-        for _ in range(3):  # the first cycles close queued forwards; then warm up
-            engine.step()
-        timings = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            engine.step()
-            timings.append(time.perf_counter() - started)
-        return statistics.median(timings)
+        seconds: dict[int, list[float]] = {k: [] for k in depths}
+        for _ in range(rounds):
+            for depth in depths:
+                seconds[depth].append(_timed_steps(engine, rows, depth))
+        return {k: statistics.median(v) for k, v in seconds.items()}
     finally:
-        for sequence in sequences:
-            engine.abort(sequence)
+        for row in rows:
+            engine.abort(row)
+
+
+def time_drafting(engine: Engine, drafter: str, depths: tuple[int, ...], rounds: int = 3):
+    """{depth: median seconds} one row spends proposing ``depth`` tokens from ``drafter``."""
+    (row,) = _scratch_rows(engine, 1, drafter)
+    try:
+        seconds: dict[int, list[float]] = {k: [] for k in depths}
+        for _ in range(rounds):
+            for depth in depths:
+                row.depth = depth
+                for _ in range(2):
+                    engine.step()
+                timings = []
+                for _ in range(2):
+                    engine.step()
+                    timings.append(engine.last_draft_seconds)
+                seconds[depth].append(statistics.median(timings))
+        return {k: statistics.median(v) for k, v in seconds.items()}
+    finally:
+        engine.abort(row)
 
 
 def _line(depths: tuple[int, ...], seconds: list[float]) -> tuple[float, float]:
@@ -101,24 +146,22 @@ def _line(depths: tuple[int, ...], seconds: list[float]) -> tuple[float, float]:
     return intercept, max(slope, 0.0)
 
 
-def calibrate(engine: Engine, repeats: int = 3) -> StepCosts:
+def calibrate(engine: Engine, rounds: int = 3) -> StepCosts:
     """Measure the step cost model of ``engine`` (see the module docstring)."""
     sizes = [b for b in BATCH_SIZES if b <= engine.max_num_seqs]
     plain, sync, per_token = [], [], []
     for batch_size in sizes:
-        base = time_steps(engine, batch_size, 0, None, repeats)
-        drafting = [time_steps(engine, batch_size, k, None, repeats) for k in DEPTHS]
-        intercept, slope = _line(DEPTHS, drafting)
-        plain.append(base)
-        sync.append(max(intercept - base, 0.0))
+        seconds = time_steps(engine, batch_size, (0, *DEPTHS), rounds)
+        intercept, slope = _line(DEPTHS, [seconds[k] for k in DEPTHS])
+        plain.append(seconds[0])
+        sync.append(max(intercept - seconds[0], 0.0))
         per_token.append(slope)
     costs = StepCosts(sizes, plain, per_token, sync=sync)
-    lookup_alone = [plain[0] + sync[0] + k * per_token[0] for k in range(max(DEPTHS) + 1)]
     for name in MODEL_DRAFTERS:
         if name not in engine.available_drafters:
             continue
-        excess = [time_steps(engine, 1, k, name, repeats) - lookup_alone[k] for k in DEPTHS]
-        intercept, slope = _line(DEPTHS, excess)
+        seconds = time_drafting(engine, name, DEPTHS, rounds)
+        intercept, slope = _line(DEPTHS, [seconds[k] for k in DEPTHS])
         costs.drafting[name] = [0.0] + [
             max(intercept + slope * k, 0.0) for k in range(1, engine.max_adaptive_depth + 1)
         ]

@@ -73,13 +73,24 @@ class AdaptiveDepth:
             max_depth = min(max_depth, limit)
         rates = [(self.expected_tokens(k) + other_tokens) / costs[k] for k in range(max_depth + 1)]
         best = max(range(max_depth + 1), key=rates.__getitem__)
-        if best == 0 and max_depth > 0:
-            self.plain_cycles += 1
-            interval = self.plain_cycles_per_probe(costs, other_tokens)
-            if interval is not None and self.plain_cycles >= interval:
-                self.plain_cycles = 0
-                return 1  # keep measuring, so a drafter that starts to pay is noticed
+        if best == 0:
+            return self.probe(max_depth, costs, other_tokens)
         return best
+
+    def probe(
+        self, max_depth: int, cycle_cost: Sequence[float] | None = None, other_tokens: float = 0.0
+    ) -> int:
+        """0 (a plain cycle), or 1 when a probe is due: a plain cycle is counted, and every
+        ``plain_cycles_per_probe`` of them one depth-1 cycle keeps measuring acceptance, so
+        a drafter that starts to pay is noticed."""
+        if max_depth <= 0:
+            return 0
+        self.plain_cycles += 1
+        interval = self.plain_cycles_per_probe(cycle_cost, other_tokens)
+        if interval is not None and self.plain_cycles >= interval:
+            self.plain_cycles = 0
+            return 1
+        return 0
 
     def plain_cycles_per_probe(
         self, cycle_cost: Sequence[float] | None = None, other_tokens: float = 0.0

@@ -108,6 +108,7 @@ class Engine:
         self.running: list[Sequence] = []
         self.num_steps = 0
         self.num_step_tokens = 0  # tokens committed by all steps, for /metrics
+        self.last_draft_seconds = 0.0  # the last step's proposing, all rows (calibration)
 
     # -- requests -----------------------------------------------------------------------
 
@@ -265,6 +266,8 @@ class Engine:
             else:
                 drafting.append(sequence)
         drafts: dict[Sequence, Draft] = {}
+        draft_started = time.perf_counter()
+        self.last_draft_seconds = 0.0
         for sequence in list(drafting):
             try:
                 if (use := draft_source(sequence.drafter, plans[sequence])) is not None:
@@ -275,6 +278,7 @@ class Engine:
                 self._fail(sequence, exc, events)
         if drafts:
             mx.eval([(d.tokens, d.qs) for d in drafts.values()])
+            self.last_draft_seconds = time.perf_counter() - draft_started
         rows = plain + drafting
         if not rows:
             return

@@ -73,16 +73,43 @@ class StepCosts:
         return values[i - 1] + weight * (values[i] - values[i - 1])
 
     def row_costs(self, source: str, batch_size: int, max_depth: int) -> list[float]:
-        """The step's cost for depth 0..max_depth of one row among ``batch_size``, the other
-        rows plain: the plain step; when drafting, plus the synchronous step's extra, this
-        row's share of k more tokens per row, and its drafting time."""
+        """A steady step's cost for depth 0..max_depth of one row among ``batch_size``, the
+        other rows plain: the plain step; when drafting, plus the synchronous step's extra,
+        this row's share of k more tokens per row, and its drafting time."""
         plain = self._at(self.plain, batch_size)
+        return [plain] + [
+            plain + self.drafting_time(source, batch_size, k) for k in range(1, max_depth + 1)
+        ]
+
+    def drafting_time(self, source: str, batch_size: int, depth: int) -> float:
+        """What one row drafting ``depth`` tokens adds to a step of ``batch_size`` rows."""
         sync = self._at(self.sync, batch_size)
         per_token = self._at(self.per_token, batch_size) / batch_size
         drafting = self.drafting.get(_cost_source(source), [0.0])
-        return [plain] + [
-            plain + sync + k * per_token + drafting[min(k, len(drafting) - 1)]
-            for k in range(1, max_depth + 1)
+        return sync + depth * per_token + drafting[min(depth, len(drafting) - 1)]
+
+    def marginal_row(self, batch_size: int) -> float:
+        """What one more plain row adds to a step of ``batch_size`` rows."""
+        if batch_size <= 1 or len(self.batch_sizes) == 1:
+            return self._at(self.plain, 1) if batch_size <= 1 else 0.0
+        below = self._at(self.plain, batch_size - 1)
+        return max(self._at(self.plain, batch_size) - below, 0.0)
+
+    def drafting_gain(self, source: str, batch_size: int, expected: Sequence[float]) -> list[float]:
+        """Tokens gained (the batch's plain rate converts time to tokens) by one row drafting
+        k tokens once amid plain steps, for each k (entry 0 is 0.0); ``expected[k]``: the
+        tokens a cycle of depth k commits (E(k)).
+
+        Such a row first commits its queued token without feeding the forward (it saves the
+        batch its marginal row time), verifies k drafts in one step (committing E(k) instead
+        of 1, at the cost of ``drafting_time``), then queues its next forward again, which
+        commits nothing that step: E(k) - 2 tokens more, for the time difference."""
+        plain = self._at(self.plain, batch_size)
+        rate = batch_size / plain  # the batch's tokens per second
+        saved = self.marginal_row(batch_size)
+        return [0.0] + [
+            expected[k] - 2 + (saved - self.drafting_time(source, batch_size, k)) * rate
+            for k in range(1, len(expected))
         ]
 
 
@@ -138,8 +165,11 @@ def plan_cycle(
         policy = policies[source]
         if costs is None:
             return policy.choose(limit)
-        row_costs = costs.row_costs(source, batch_size, policy.max_depth)
-        return policy.choose(limit, row_costs, other_tokens=batch_size - 1)
+        max_depth = min(policy.max_depth, limit)
+        expected = [policy.expected_tokens(k) for k in range(max_depth + 1)]
+        gains = costs.drafting_gain(source, batch_size, expected)
+        best = max(range(max_depth + 1), key=gains.__getitem__)
+        return best if best > 0 else policy.probe(max_depth)
 
     lookup = drafter.lookup if isinstance(drafter, LookupFirstDrafter) else drafter
     if isinstance(lookup, NgramDrafter) and (match := lookup.match_length(history)):

@@ -30,32 +30,42 @@ def test_scratch_lookup_pads_its_proposals_from_the_history() -> None:
     assert [int(mx.argmax(q).item()) for q in qs] == [3, 4, 5]
     tokens, _ = ScratchLookup().propose([1, 2, 3, 1, 2], 3, sampler)  # lookup first: 3, 1, 2
     assert [int(t.item()) for t in tokens] == [3, 1, 2]
+    # the planner drafts only where lookup reports a match: the scratch lookup always does
+    assert ScratchLookup().match_length([1, 2, 3, 4, 5]) > 0
 
 
-@pytest.mark.parametrize("drafter", [None, "mtp"])
 def test_timed_steps_draft_every_row_at_full_depth(
-    engine: Engine, drafter: str | None, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A scratch sequence soon stops repeating, and a lookup with no match drafts nothing: its
     # "drafting" steps were once timed as plain ones, which made lookup look free.
-    drafted: list[int] = []
+    per_step: list[list[int]] = []
     step = engine.step
 
     def recording_step():  # type: ignore[no-untyped-def]
+        before = {id(s): s.stats.num_draft_tokens for s in engine.running}
         events = step()
-        drafted.extend(s.stats.num_draft_tokens for s in engine.running)
+        per_step.append([s.stats.num_draft_tokens - before.get(id(s), 0) for s in engine.running])
         return events
 
     monkeypatch.setattr(engine, "step", recording_step)
-    assert time_steps(engine, 3, 2, drafter, repeats=2) > 0
+    seconds = time_steps(engine, 3, (0, 2, 3), rounds=1)
+    assert set(seconds) == {0, 2, 3} and all(s > 0 for s in seconds.values())
     assert not engine.running  # the scratch rows are gone
-    # the counts grow by 2 per drafting step (every other step closes a queued forward)
-    assert max(drafted) >= 2 * 2 and all(count % 2 == 0 for count in drafted)
+    drafted = {count for counts in per_step for count in counts}
+    assert drafted == {0, 2, 3}  # every drafting step proposed its full depth, all rows
+    assert all(len(set(counts)) == 1 for counts in per_step if counts)
+
+
+def test_drafting_is_timed_per_depth(engine: Engine) -> None:
+    seconds = calibration.time_drafting(engine, "mtp", (1, 3), rounds=1)
+    assert set(seconds) == {1, 3} and all(s > 0 for s in seconds.values())
+    assert not engine.running
 
 
 def test_calibration_measures_every_batch_size_and_model_drafter(engine: Engine) -> None:
-    costs = calibrate(engine, repeats=1)
-    assert costs.batch_sizes == [1, 2, 4]
+    costs = calibrate(engine, rounds=1)
+    assert costs.batch_sizes == [1, 4]
     assert all(c > 0 for c in costs.plain) and all(c >= 0 for c in costs.per_token)
     assert set(costs.drafting) == {"mtp"}
     drafting = costs.drafting["mtp"]
@@ -70,9 +80,9 @@ def test_calibration_is_cached_per_model_and_machine(
     measured = []
     real = calibration.calibrate
 
-    def counting(engine: Engine, repeats: int = 3):  # type: ignore[no-untyped-def]
+    def counting(engine: Engine, rounds: int = 3):  # type: ignore[no-untyped-def]
         measured.append(1)
-        return real(engine, repeats=1)
+        return real(engine, rounds=1)
 
     monkeypatch.setattr(calibration, "calibrate", counting)
     first = load_or_calibrate(engine)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mtplx.depth_policy import AdaptiveDepth
 from mtplx.drafters import LookupFirstDrafter, NgramDrafter
 from mtplx.drafters.lookup_first import LOOKUP
@@ -55,18 +57,29 @@ COSTS = StepCosts(
 
 def test_row_costs_price_a_row_within_its_batch() -> None:
     alone = COSTS.row_costs("mtp", 1, 3)
-    assert alone == [
-        0.05,
-        0.05 + 0.01 + 0.02 + 0.005,
-        0.05 + 0.01 + 0.04 + 0.01,
-        0.05 + 0.01 + 0.06 + 0.015,
-    ]
+    expected = [0.05, 0.05 + 0.01 + 0.02 + 0.005, 0.05 + 0.01 + 0.04 + 0.01]
+    assert alone == pytest.approx([*expected, 0.05 + 0.01 + 0.06 + 0.015])
     in_eight = COSTS.row_costs("ngram", 8, 2)  # lookup proposes for free
-    assert in_eight == [0.10, 0.10 + 0.01 + 0.01, 0.10 + 0.01 + 0.02]
+    assert in_eight == pytest.approx([0.10, 0.10 + 0.01 + 0.01, 0.10 + 0.01 + 0.02])
     halfway = COSTS.row_costs("ngram", 4, 1)  # interpolated between the measured sizes
-    assert abs(halfway[0] - (0.05 + 3 / 7 * 0.05)) < 1e-12
+    assert halfway[0] == pytest.approx(0.05 + 3 / 7 * 0.05)
     assert COSTS.row_costs(LONG_LOOKUP, 16, 1)[0] == 0.10  # held beyond the last size
     assert StepCosts(**COSTS.to_dict()) == COSTS
+
+
+def test_drafting_gain_counts_the_close_and_requeue_steps() -> None:
+    """Alone, a drafting episode saves the close step's forward (one plain step) and loses
+    the requeue step's token: depth 1 pays only if E(1) - 1 beats its extra time."""
+    costs = StepCosts([1], [0.1], [0.01], [0.01])
+    gain = costs.drafting_gain("ngram", 1, [1.0, 1.5, 1.8])
+    # E - 2 + (0.1 - (0.01 + k * 0.01)) * 10
+    assert gain == pytest.approx([0.0, 1.5 - 2 + 0.8, 1.8 - 2 + 0.7])
+    # In a batch of 8 the close step saves only this row's share of the step.
+    costs = StepCosts([1, 8], [0.1, 0.17], [0.01, 0.08], [0.01, 0.01])
+    assert costs.marginal_row(8) == pytest.approx(0.01)
+    gain8 = costs.drafting_gain("ngram", 8, [1.0, 1.9])
+    assert gain8[1] == pytest.approx(1.9 - 2 + (0.01 - 0.02) * 8 / 0.17)
+    assert gain8[1] < 0 < gain[1]
 
 
 def test_drafting_pays_less_in_a_full_batch() -> None:
