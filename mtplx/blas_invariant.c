@@ -114,7 +114,8 @@ static inline void add_tail(v8 *lo, v8 *hi, const float *a, const float *b, int 
  *
  * KBLOCK: the two sweeps take K in blocks, so that a block of the tile's rows and columns
  * (7 x 768 floats, 21 KiB) is still in L1 for the second sweep even when K is long (the
- * MLP's down projection, K = 1536); each lane still meets its terms in k order. */
+ * MLP's down projection, K = 1536); each lane still meets its terms in k order (KBLOCK is
+ * a multiple of 16, so blocks never split a chunk). */
 enum { TILE_ROWS = 4, TILE_COLS = 3, SINGLE_SWEEP = 12, KBLOCK = 768 };
 
 typedef v8 tile_acc[TILE_ROWS][TILE_COLS];
@@ -289,7 +290,8 @@ static void gemm_panel(const product_t *p, int n0, int n1) {
  * is read in place: transposing it into a packed copy first cost 3-7x the product itself
  * for one decode row (scores @ V of a 64-wide head over 33-1089 keys: 2.3 -> 0.3 us, 34 ->
  * 10 us). Rows go one at a time, two loads per multiply-add, so from ROWS_MAX_M rows on the
- * packed copy and the tiles win again (at 16 rows over 1089 keys: 87 us against 166). */
+ * packed copy and the tiles win again (at 16 rows over 1089 keys: 87 us against 166).
+ * ROWS_PANEL (a multiple of COL_VEC) is the chunk of columns threads take. */
 enum { COL_VEC = 8, ROWS_PANEL = 64, ROWS_MAX_M = 8 };
 
 static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
