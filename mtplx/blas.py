@@ -14,34 +14,41 @@ symbols in the global scope first, so the shim wins over libmlx's own ``DT_NEEDE
 Jumps instead of C wrappers keep the shim signature-agnostic (the LAPACK routines carry
 hidden Fortran string-length arguments) and add no stack frame.
 
-The shim is cached under ``$MTPLX_HOME/blas`` (default ``~/.cache/mtplx/blas``), keyed by the
-OpenBLAS library and the symbol list. Whenever anything is missing (not Linux, no compiler,
-no ``scipy-openblas32``, MLX already imported) we log why and keep the reference BLAS, which
-is slow but correct. ``MTPLX_BLAS=reference`` opts out deliberately.
+The shim is built by ``mtplx.blas_shim`` and cached under ``$MTPLX_HOME/blas`` (default
+``~/.cache/mtplx/blas``), keyed by the OpenBLAS library, the symbol list and the compiler
+flags (chosen from the CPU's features, never ``-march=native``). Whenever anything is
+missing (not Linux, no compiler, no ``scipy-openblas32``, MLX already imported) we log why
+and keep the reference BLAS, which is slow but correct. ``MTPLX_BLAS=reference`` opts out
+deliberately.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.util
 import logging
 import os
 import platform
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from mtplx.blas_shim import INVARIANT_MAX_ROWS, PREFIX, Unavailable, build_shim
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["BlasInfo", "blas_info", "enable_fast_blas", "set_blas_threads", "shim_calls"]
+__all__ = [
+    "INVARIANT_MAX_ROWS",
+    "BlasInfo",
+    "blas_info",
+    "enable_fast_blas",
+    "set_blas_threads",
+    "shim_calls",
+]
 
-_PREFIX = "scipy_"
 # What libmlx 0.32 imports; used only when the ELF symbol table cannot be read.
 _KNOWN_SYMBOLS = [
     "cblas_sgemm",
@@ -69,7 +76,6 @@ _KNOWN_SYMBOLS = [
     "ssyevd_",
     "strtri_",
 ]
-_SHIM_VERSION = 3  # bump when the generated source changes, to invalidate cached shims
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ class BlasInfo:
     fallback_reason: str | None = None
     shim: str | None = None
     symbols: tuple[str, ...] = ()
+    shim_flags: tuple[str, ...] = ()  # what the shim was compiled with (mtplx.blas_shim)
 
 
 _lock = threading.Lock()
@@ -104,7 +111,7 @@ def blas_info() -> BlasInfo:
     if _info is not None:
         if _openblas is not None:
             # Threads may have been changed since (set_blas_threads, OpenBLAS itself).
-            threads = int(_openblas[_PREFIX + "openblas_get_num_threads"]())
+            threads = int(_openblas[PREFIX + "openblas_get_num_threads"]())
             return replace(_info, threads=threads)
         return _info
     return _reference("enable_fast_blas() has not been called")
@@ -143,7 +150,7 @@ def set_blas_threads(threads: int) -> None:
     """Set the thread count of OpenBLAS and of the batch-invariant kernel (a no-op on the
     reference BLAS, which is single-threaded)."""
     if _openblas is not None:
-        _openblas[_PREFIX + "openblas_set_num_threads"](max(1, int(threads)))
+        _openblas[PREFIX + "openblas_set_num_threads"](max(1, int(threads)))
     if _shim is not None and hasattr(_shim, "mtplx_invariant_set_threads"):
         _shim.mtplx_invariant_set_threads(max(1, int(threads)))
 
@@ -182,10 +189,10 @@ def _enable(threads: int | None) -> BlasInfo:
             return _reference(f"{libmlx.name} imports no CBLAS symbols (static BLAS?)")
         # RTLD_LOCAL: only the shim should be visible globally, not OpenBLAS's own exports.
         openblas = ctypes.CDLL(str(openblas_path))
-        symbols = tuple(s for s in wanted if hasattr(openblas, _PREFIX + s))
-        shim_path = _build_shim(symbols, openblas_path)
+        symbols = tuple(s for s in wanted if hasattr(openblas, PREFIX + s))
+        shim_path, shim_flags = build_shim(symbols, openblas_path)
         shim = ctypes.CDLL(str(shim_path), mode=ctypes.RTLD_GLOBAL)
-    except _Unavailable as exc:
+    except Unavailable as exc:
         return _reference(str(exc))
     except (OSError, subprocess.SubprocessError, ValueError) as exc:  # never break start-up
         return _reference(f"{type(exc).__name__}: {exc}")
@@ -194,15 +201,12 @@ def _enable(threads: int | None) -> BlasInfo:
     return BlasInfo(
         name="openblas",
         library=str(openblas_path),
-        threads=int(openblas[_PREFIX + "openblas_get_num_threads"]()),
+        threads=int(openblas[PREFIX + "openblas_get_num_threads"]()),
         fast=True,
         shim=str(shim_path),
         symbols=symbols,
+        shim_flags=shim_flags,
     )
-
-
-class _Unavailable(Exception):
-    """A prerequisite of the fast path is missing; the message is the fallback reason."""
 
 
 def _default_threads() -> int:
@@ -225,21 +229,21 @@ def _libmlx_mapped() -> bool:
 def _find_libmlx() -> Path:
     spec = importlib.util.find_spec("mlx")  # does not import mlx (namespace package)
     if spec is None or not spec.submodule_search_locations:
-        raise _Unavailable("mlx is not installed")
+        raise Unavailable("mlx is not installed")
     for root in spec.submodule_search_locations:
         candidate = Path(root) / "lib" / "libmlx.so"
         if candidate.exists():
             return candidate
-    raise _Unavailable("libmlx.so not found in the mlx package")
+    raise Unavailable("libmlx.so not found in the mlx package")
 
 
 def _find_openblas() -> Path:
     spec = importlib.util.find_spec("scipy_openblas32")
     if spec is None or spec.origin is None:
-        raise _Unavailable("scipy-openblas32 is not installed (pip install scipy-openblas32)")
+        raise Unavailable("scipy-openblas32 is not installed (pip install scipy-openblas32)")
     libs = sorted((Path(spec.origin).parent / "lib").glob("libscipy_openblas*.so*"))
     if not libs:
-        raise _Unavailable("scipy-openblas32 ships no libscipy_openblas*.so")
+        raise Unavailable("scipy-openblas32 ships no libscipy_openblas*.so")
     return libs[0]
 
 
@@ -274,104 +278,3 @@ def _undefined_dynamic_symbols(elf: bytes) -> set[str]:
                 end = elf.index(b"\0", str_off + st_name)
                 names.add(elf[str_off + st_name : end].decode())
     return names
-
-
-def _cache_dir() -> Path:
-    home = os.environ.get("MTPLX_HOME")
-    return (Path(home) if home else Path.home() / ".cache" / "mtplx") / "blas"
-
-
-# Decoding's products have few rows (the tokens of one forward); up to this many rows
-# cblas_sgemm runs the batch-invariant kernel of blas_invariant.c, beyond it OpenBLAS.
-INVARIANT_MAX_ROWS = 96
-_INVARIANT_SOURCE = Path(__file__).with_name("blas_invariant.c")
-
-
-def _invariant_enabled() -> bool:
-    return os.environ.get("MTPLX_BLAS_INVARIANT", "1").strip().lower() not in ("0", "off", "no")
-
-
-def _shim_source(symbols: tuple[str, ...]) -> str:
-    machine = platform.machine()
-    lines = [
-        "/* Generated by mtplx.blas: unprefixed BLAS/LAPACK names jumping to scipy-openblas32. */",
-        '__attribute__((visibility("hidden"))) volatile unsigned long mtplx_calls = 0;',
-        "unsigned long mtplx_blas_shim_calls(void) { return mtplx_calls; }",
-    ]
-    invariant = _invariant_enabled() and "cblas_sgemm" in symbols
-    if invariant:
-        # Few-row products take the batch-invariant kernel so that a token's logits do not
-        # depend on how many tokens share its forward (see blas_invariant.c).
-        lines += [
-            _INVARIANT_SOURCE.read_text(),
-            f"void {_PREFIX}cblas_sgemm(int, int, int, int, int, int, float, const float *, int,",
-            "    const float *, int, float, float *, int);",
-            "void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha,",
-            "    const float *A, int lda, const float *B, int ldb, float beta, float *C,",
-            "    int ldc) {",
-            "    __atomic_add_fetch(&mtplx_calls, 1, __ATOMIC_RELAXED);",
-            "    int rows = order == 101 ? M : N; /* CblasRowMajor = 101 */",
-            f"    if (rows <= {INVARIANT_MAX_ROWS}) {{",
-            "        mtplx_sgemm_rows(order == 101, ta != 111, tb != 111, M, N, K, alpha, A, lda,",
-            "                         B, ldb, beta, C, ldc);",
-            "        return;",
-            "    }",
-            f"    {_PREFIX}cblas_sgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C,",
-            "                         ldc);",
-            "}",
-        ]
-    for s in symbols:
-        if invariant and s == "cblas_sgemm":
-            continue
-        if machine == "x86_64":
-            # Counting costs one locked add per BLAS call, negligible next to a GEMM.
-            body = f"lock incq mtplx_calls(%rip)\\n jmp {_PREFIX}{s}@PLT"
-        elif machine in ("aarch64", "arm64"):
-            body = f"b {_PREFIX}{s}"
-        else:
-            raise _Unavailable(f"no shim trampoline for the {machine} architecture")
-        lines.append(
-            f'__asm__(".pushsection .text\\n .globl {s}\\n .type {s}, %function\\n'
-            f'{s}:\\n {body}\\n .size {s}, .-{s}\\n .popsection\\n");'
-        )
-    return "\n".join(lines) + "\n"
-
-
-def _build_shim(symbols: tuple[str, ...], openblas: Path) -> Path:
-    """Compile the shim once per (OpenBLAS build, symbol list); reuse the cached .so after."""
-    source = _shim_source(symbols)
-    stat = openblas.stat()
-    key = hashlib.sha256(
-        f"{_SHIM_VERSION}\n{openblas}\n{stat.st_size}\n{stat.st_mtime_ns}\n{source}".encode()
-    ).hexdigest()[:16]
-    target = _cache_dir() / f"libmtplx_blas_shim-{key}.so"
-    if target.exists():
-        return target
-    names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
-    compiler = next((c for c in map(shutil.which, names) if c), None)
-    if not compiler:
-        raise _Unavailable(f"no C compiler ({'/'.join(names)}) to build the OpenBLAS shim")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src, out = Path(tmp) / "shim.c", Path(tmp) / "shim.so"
-        src.write_text(source)
-        cmd = [
-            compiler,
-            "-shared",
-            "-fPIC",
-            "-O3",
-            "-march=native",
-            "-pthread",
-            "-o",
-            str(out),
-            str(src),
-            f"-L{openblas.parent}",
-            f"-l:{openblas.name}",
-            # Absolute rpath: the shim must find OpenBLAS wherever the process starts.
-            f"-Wl,-rpath,{openblas.parent}",
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-        if done.returncode != 0:
-            raise _Unavailable(f"compiling the OpenBLAS shim failed: {done.stderr.strip()[:500]}")
-        os.replace(out, target)  # atomic: concurrent processes never see half a library
-    return target

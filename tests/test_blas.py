@@ -162,22 +162,49 @@ def test_missing_compiler_falls_back_with_a_warning(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+# Every row count a decode batch step can produce (up to 16 sequences x 6 tokens = 96), across
+# the kernel's row tiles (4), row blocks (8) and the invariant limit.
+ROW_COUNTS = (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 96, 128)
+assert max(ROW_COUNTS) == INVARIANT_MAX_ROWS
+
+
+def _operand(rng: np.random.Generator, rows: int, cols: int, layout: str) -> mx.array:
+    """A rows x cols operand stored as ``layout``: "rows" (row-major), "transposed" (the
+    transpose of a row-major array, so BLAS gets the transpose flag) or "strided" (a
+    column slice of a wider array: leading dimension > cols)."""
+    if layout == "rows":
+        return mx.array(rng.standard_normal((rows, cols)).astype(np.float32))
+    if layout == "transposed":
+        return mx.array(rng.standard_normal((cols, rows)).astype(np.float32)).T
+    wide = mx.array(rng.standard_normal((rows, cols + 5)).astype(np.float32))
+    return wide[:, 2 : cols + 2]
+
+
 @pytest.mark.parametrize(
-    "inner, outer", [(64, 259), (576, 192), (576, 1536), (1536, 576), (100, 49), (17, 300)]
+    "inner, outer",
+    [(64, 259), (576, 192), (576, 1536), (1536, 576), (100, 49), (17, 300), (7, 33), (769, 85)],
 )
-@pytest.mark.parametrize("transpose_weight", [True, False])
-def test_few_row_matmul_rows_do_not_depend_on_row_count(
-    inner: int, outer: int, transpose_weight: bool
+@pytest.mark.parametrize(
+    "x_layout, w_layout",
+    [
+        ("rows", "transposed"),
+        ("rows", "rows"),
+        ("transposed", "transposed"),
+        ("strided", "strided"),
+    ],
+)
+def test_matmul_rows_do_not_depend_on_row_count(
+    inner: int, outer: int, x_layout: str, w_layout: str
 ) -> None:
-    """Row 0 of x[:M] @ W is bitwise the same for every M up to the invariant limit, for
-    x @ W.T (linear layers) and x @ W (attention's scores @ values) alike."""
-    rng = np.random.default_rng(inner + outer)
-    x = mx.array(rng.standard_normal((INVARIANT_MAX_ROWS, inner)).astype(np.float32))
-    w = mx.array(rng.standard_normal((outer, inner)).astype(np.float32))
-    weight = w.T if transpose_weight else mx.array(np.array(w).T.copy())
-    rows = [np.array(x[:m] @ weight) for m in range(1, INVARIANT_MAX_ROWS + 1)]
-    for m, product in enumerate(rows, start=1):
-        np.testing.assert_array_equal(product, rows[-1][:m], err_msg=f"{m} rows")
+    """Row r of x[:M] @ W is bitwise the row that x[r] @ W gives alone, for every row count
+    up to the invariant limit: x @ W.T (linear layers, w_layout "transposed") and x @ W
+    (attention's scores @ values), K below 16 and not a multiple of 16, strided operands."""
+    rng = np.random.default_rng(inner * 1000 + outer)
+    x = _operand(rng, INVARIANT_MAX_ROWS, inner, x_layout)
+    weight = _operand(rng, inner, outer, w_layout)
+    alone = np.concatenate([np.array(x[r : r + 1] @ weight) for r in range(x.shape[0])])
+    for m in ROW_COUNTS:
+        np.testing.assert_array_equal(np.array(x[:m] @ weight), alone[:m], err_msg=f"{m} rows")
 
 
 def test_weight_layout_does_not_change_a_bit() -> None:
@@ -228,6 +255,34 @@ def test_multi_token_forward_equals_one_token_forwards_bitwise() -> None:
     np.testing.assert_array_equal(np.array(one), np.array(multi))
 
 
+def test_a_sequence_in_a_batch_of_16_equals_it_alone_bitwise() -> None:
+    """Continuous batching's verify step: 16 sequences x (1 + 5 draft tokens) in one forward
+    (96-row products) give each sequence the logits it gets alone, bit for bit."""
+    mx.random.seed(1)
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=128,
+        num_hidden_layers=2,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=300,
+    )
+    model = llama.Model(args)
+    from mlx_lm.models.cache import make_prompt_cache
+
+    tokens = mx.array(np.random.default_rng(2).integers(0, 300, (16, 10)), dtype=mx.int32)
+    batch_cache = make_prompt_cache(model)
+    model(tokens[:, :4], cache=batch_cache)
+    batched = np.array(model(tokens[:, 4:], cache=batch_cache))
+    for b in range(16):
+        cache = make_prompt_cache(model)
+        model(tokens[b : b + 1, :4], cache=cache)
+        alone = np.array(model(tokens[b : b + 1, 4:], cache=cache))
+        np.testing.assert_array_equal(batched[b : b + 1], alone, err_msg=f"sequence {b}")
+
+
 def _shim_function(name: str, restype: object) -> object:
     import ctypes
 
@@ -246,20 +301,21 @@ def test_threads_split_large_products_without_changing_a_bit() -> None:
 
     split_products = _shim_function("mtplx_invariant_split_products", ctypes.c_ulong)
     rng = np.random.default_rng(5)
-    x = mx.array(rng.standard_normal((5, 576)).astype(np.float32))
+    x = mx.array(rng.standard_normal((INVARIANT_MAX_ROWS, 576)).astype(np.float32))
     w = mx.array(rng.standard_normal((4099, 576)).astype(np.float32))
+    rows = (1, 2, 5, 17, 96, INVARIANT_MAX_ROWS)
     results = {}
     try:
         for threads in (1, 2, 3):
             set_blas_threads(threads)
             before = split_products()
-            results[threads] = [np.array(x[:m] @ w.T) for m in range(1, 6)]
+            results[threads] = [np.array(x[:m] @ w.T) for m in rows]
             assert (split_products() > before) == (threads > 1)
     finally:
         set_blas_threads(blas_info().threads)
     for threads in (2, 3):
-        for m in range(5):
-            np.testing.assert_array_equal(results[threads][m], results[1][m])
+        for i, m in enumerate(rows):
+            np.testing.assert_array_equal(results[threads][i], results[1][i], err_msg=f"{m}")
 
 
 @needs_fast
