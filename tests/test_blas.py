@@ -218,16 +218,23 @@ def test_weight_layout_does_not_change_a_bit() -> None:
     np.testing.assert_array_equal(as_view, as_rows)
 
 
-def test_trailing_zero_terms_do_not_change_a_dot_product() -> None:
+@pytest.mark.parametrize("rows", [1, 3, 9, 16])
+@pytest.mark.parametrize("padded_length", [45, 48, 64, 100])
+def test_trailing_zero_terms_do_not_change_a_dot_product(rows: int, padded_length: int) -> None:
     """Masked attention keys contribute exact zeros after the live ones; they must not
-    change the sum (plain decoding sees L keys, a verify row L + k with k masked)."""
+    change the sum (plain decoding sees L keys, a verify row L + k with k masked, a row in a
+    batch the longest row's length): across chunk boundaries too, where the live tail of the
+    short product meets full chunks of the long one."""
     rng = np.random.default_rng(3)
-    scores = rng.random((1, 37)).astype(np.float32)
-    values = rng.standard_normal((45, 64)).astype(np.float32)
-    padded = np.concatenate([scores, np.zeros((1, 8), np.float32)], axis=1)
+    scores = rng.random((rows, 37)).astype(np.float32)
+    values = rng.standard_normal((padded_length, 65)).astype(np.float32)
+    padding = np.zeros((rows, padded_length - 37), np.float32)
+    padded = np.concatenate([scores, padding], axis=1)
     short = np.array(mx.array(scores) @ mx.array(values[:37]))
     long = np.array(mx.array(padded) @ mx.array(values))
     np.testing.assert_array_equal(short, long)
+    transposed = np.array(mx.array(padded) @ mx.array(values.T.copy()).T)  # B read by columns
+    np.testing.assert_array_equal(short, transposed)
 
 
 def test_multi_token_forward_equals_one_token_forwards_bitwise() -> None:

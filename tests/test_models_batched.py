@@ -1,0 +1,87 @@
+"""Batched target forwards: a row's outputs do not depend on the other rows, bitwise, and
+agree with the model's own forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mtplx.models import load
+from mtplx.models.batched import PerRowTarget, SlotTarget, batched_target
+from tests.fixtures.checkpoints import build_checkpoint
+from tests.fixtures.variants import untie_lm_head
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory):
+    directory = tmp_path_factory.mktemp("batched")
+    build_checkpoint("llama_mtp", directory)
+    untie_lm_head(directory)
+    return load(directory)
+
+
+def _prompt(i: int, length: int) -> mx.array:
+    return mx.array([(5 + 7 * i + 13 * j * j) % 250 + 3 for j in range(length)], mx.int32)
+
+
+def _rows(target: SlotTarget, lengths: list[int]):
+    rows = []
+    for i, length in enumerate(lengths):
+        row = target.new_row()
+        mx.eval(target.forward([row], [_prompt(i, length)], last_logits_only=True)[0].logits)
+        rows.append(row)
+    return rows
+
+
+def test_llama_trunks_get_the_slot_target_and_others_one_forward_per_row(
+    model, qwen3_next_checkpoint: Path
+) -> None:
+    assert isinstance(batched_target(model.target, 4), SlotTarget)
+    other = load(qwen3_next_checkpoint)
+    per_row = batched_target(other.target, 4)
+    assert isinstance(per_row, PerRowTarget) and per_row.recurrent
+
+
+def test_a_row_alone_and_among_others_gives_the_same_bits(model) -> None:
+    target = SlotTarget(model.target, max_rows=16)
+    lengths = [3 + 19 * i % 97 for i in range(16)]  # 16 rows of different lengths
+    rows = _rows(target, lengths)
+    tokens = [mx.array([7, 8, 9, 10, 11, 12][: 1 + i % 6], mx.int32) for i in range(16)]
+    together = target.forward(rows, tokens)
+    mx.eval([(o.logits, o.hidden) for o in together])
+    for row, row_tokens in zip(rows, tokens, strict=True):
+        target.trim(row, row_tokens.shape[0])
+    for index in (0, 5, 11, 15):
+        (alone,) = target.forward([rows[index]], [tokens[index]])
+        assert mx.array_equal(alone.logits, together[index].logits).item(), index
+        assert mx.array_equal(alone.hidden, together[index].hidden).item(), index
+        target.trim(rows[index], tokens[index].shape[0])
+
+
+def test_slot_rows_match_the_models_own_forward(model) -> None:
+    target = SlotTarget(model.target, max_rows=4)
+    rows = _rows(target, [9, 30, 4])
+    outputs = target.forward(rows, [mx.array([3, 4], mx.int32)] * 3)
+    for i, (row, output) in enumerate(zip(rows, outputs, strict=True)):
+        assert row.length == [9, 30, 4][i] + 2
+        cache = model.target.make_cache()
+        history = mx.concatenate([_prompt(i, [9, 30, 4][i]), mx.array([3, 4], mx.int32)])
+        logits, _ = model.target(history[None], cache)
+        np.testing.assert_allclose(
+            np.array(output.logits), np.array(logits[0, -2:]), atol=1e-4, rtol=1e-4
+        )
+
+
+def test_released_slots_are_reused_and_never_shared(model) -> None:
+    target = SlotTarget(model.target, max_rows=2)
+    first, second = target.new_row(), target.new_row()
+    with pytest.raises(RuntimeError, match="slots"):
+        target.new_row()
+    target.release(first)
+    third = target.new_row()
+    assert third.slot == 0 and second.slot == 1
+    with pytest.raises(ValueError, match="own live slot"):
+        target.forward([third, third], [mx.array([1]), mx.array([2])])
