@@ -217,7 +217,8 @@ class Engine:
     def step(self) -> list[StepEvent]:
         """Advance every sequence of the batch by one cycle; the events it produced."""
         events: list[StepEvent] = []
-        self._prefill(events)
+        if not self.batched.max_packed_rows:
+            self._prefill(events)  # one row per forward: prompts go in forwards of their own
         decoding = [s for s in self.running if s.prefilled and s.pending is None]
         plans = {}
         for sequence in decoding:
@@ -279,9 +280,6 @@ class Engine:
         if drafts:
             mx.eval([(d.tokens, d.qs) for d in drafts.values()])
             self.last_draft_seconds = time.perf_counter() - draft_started
-        rows = plain + drafting
-        if not rows:
-            return
         started = time.perf_counter()
         inputs = [plain_input(s) for s in plain]
         for sequence in drafting:
@@ -289,19 +287,38 @@ class Engine:
             if self.batched.recurrent and draft.num_drafted:
                 draft.checkpoint = self.batched.checkpoint(sequence.row)
             inputs.append(draft.inputs(sequence.tokens[-1]))
+        chunks = self._prefill_chunks(sum(int(t.shape[0]) for t in inputs))
+        rows = plain + drafting + [sequence for sequence, _ in chunks]
+        if not rows:
+            return
+        inputs += [mx.array(chunk, mx.int32) for _, chunk in chunks]
+        wanted = ["all"] * (len(plain) + len(drafting)) + [
+            "last" if s.num_prefilled + len(chunk) >= s.num_prompt_tokens else "none"
+            for s, chunk in chunks
+        ]
         try:
-            outputs = self.batched.forward([s.row for s in rows], inputs)
+            outputs = self.batched.forward([s.row for s in rows], inputs, wanted)
             queued = {s: queue_plain(s, out) for s, out in zip(plain, outputs, strict=False)}
             mx.async_eval([(a.logits, a.hidden, a.sample) for a in queued.values()])
             verdicts = {}
-            for sequence, output in zip(drafting, outputs[len(plain) :], strict=True):
+            decoded = outputs[len(plain) : len(plain) + len(drafting)]
+            for sequence, output in zip(drafting, decoded, strict=True):
                 verdicts[sequence] = (output, *verify(sequence, drafts[sequence], output))
-            mx.eval([(out.hidden, accepted, tokens) for out, accepted, tokens in verdicts.values()])
+            prefilled = outputs[len(plain) + len(drafting) :]
+            mx.eval(
+                [(out.hidden, accepted, tokens) for out, accepted, tokens in verdicts.values()],
+                [(out.hidden, out.logits) for out in prefilled],
+            )
         except Exception as exc:  # the shared forward failed: every row in it fails
             for sequence in rows:
                 self._fail(sequence, exc, events)
             return
         verify_time = time.perf_counter() - started
+        for (sequence, chunk), output in zip(chunks, prefilled, strict=True):
+            try:
+                self._prefilled_chunk(sequence, len(chunk), output, verify_time)
+            except Exception as exc:
+                self._fail(sequence, exc, events)
         for sequence, (output, accepted, tokens) in verdicts.items():
             try:
                 result = commit(
@@ -333,6 +350,39 @@ class Engine:
             return
         _record(sequence.stats, sequence.pending)
 
+    def _prefill_chunks(self, num_decode_tokens: int) -> list[tuple[Sequence, list[int]]]:
+        """Prompt tokens to feed in this step's forward beside ``num_decode_tokens``
+        decoding ones: oldest prompt first, each at most ``max_prefill_tokens``, all within
+        ``max_packed_rows`` (every row then stays batch-invariant), at least one token a
+        step while any prompt waits."""
+        budget = min(self.prefill_budget, self.batched.max_packed_rows - num_decode_tokens)
+        chunks = []
+        for sequence in self.running:
+            if sequence.prefilled or sequence.finished:
+                continue
+            budget = max(budget, 0 if chunks else 1)
+            size = min(self.batched.max_prefill_tokens, budget)
+            if size <= 0:
+                break
+            start = sequence.num_prefilled
+            chunk = sequence.tokens[start : min(start + size, sequence.num_prompt_tokens)]
+            chunks.append((sequence, chunk))
+            budget -= len(chunk)
+        return chunks
+
+    def _prefilled_chunk(
+        self, sequence: Sequence, size: int, output: RowOutput, seconds: float
+    ) -> None:
+        """A prompt chunk went through the step's forward: keep the hidden states the
+        drafter reads; after the last chunk, sample the first token."""
+        drafter = sequence.drafter
+        if drafter is not None and drafter.needs_hidden:
+            sequence.prefill_hidden.append(output.hidden)
+        sequence.num_prefilled += size
+        sequence.stats.prefill_time += seconds
+        if sequence.prefilled:
+            self._first_token(sequence, output)
+
     def _prefill(self, events: list[StepEvent]) -> None:
         """Feed admitted prompts in chunks of ``prefill_chunk_size`` (fixed by the prompt
         alone, so a prompt's cache is bitwise the same in any batch), oldest first, until
@@ -358,7 +408,7 @@ class Engine:
         started = time.perf_counter()
         last = sequence.num_prefilled + len(chunk) >= sequence.num_prompt_tokens
         tokens = mx.array(chunk, mx.int32)
-        output = self.batched.forward([sequence.row], [tokens], last_logits_only=True)[0]
+        output = self.batched.forward([sequence.row], [tokens], "last")[0]
         drafter = sequence.drafter
         if drafter is not None and drafter.needs_hidden:
             sequence.prefill_hidden.append(output.hidden)

@@ -31,7 +31,7 @@ def _rows(target: SlotTarget, lengths: list[int]):
     rows = []
     for i, length in enumerate(lengths):
         row = target.new_row()
-        mx.eval(target.forward([row], [_prompt(i, length)], last_logits_only=True)[0].logits)
+        mx.eval(target.forward([row], [_prompt(i, length)], "last")[0].logits)
         rows.append(row)
     return rows
 

@@ -22,16 +22,22 @@ dropped with ``trim`` (attention KV) or ``checkpoint`` / ``rollback`` (recurrent
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
 
 from mtplx import cache as cache_ops
+from mtplx.blas_shim import INVARIANT_MAX_ROWS
 from mtplx.models.base import TargetModel
 
 # Slot KV capacity grows in steps of this many positions (mlx-lm's KVCache step).
 KV_STEP = 256
+# Rows feeding at most this many tokens (a verify of up to 5 drafts, plain decoding) attend
+# together; longer ones (prefill chunks) in a group of their own.
+VERIFY_TOKENS = 8
 
 
 class Row(Protocol):
@@ -44,7 +50,7 @@ class Row(Protocol):
 class RowOutput:
     """One row's share of a batched forward."""
 
-    logits: mx.array | None  # [T_i, V], or [1, V] (the last position only) when asked
+    logits: mx.array | None  # [T_i, V], [1, V] (the last position) or None, as asked
     hidden: mx.array  # [T_i, H] post-norm hidden states
 
 
@@ -63,12 +69,19 @@ class BatchedTarget(Protocol):
         """Free a row's storage; the row must not be used again."""
         ...
 
+    # Rows a forward may pack and still be batch-invariant (0: one row per forward only
+    # when prefilling, see ``max_prefill_tokens``), and the most tokens one prefilling row
+    # may feed in a forward shared with other rows.
+    max_packed_rows: int
+    max_prefill_tokens: int
+
     def forward(
-        self, rows: list[Row], tokens: list[mx.array], last_logits_only: bool = False
+        self, rows: list[Row], tokens: list[mx.array], logits: Sequence[str] | str = "all"
     ) -> list[RowOutput]:
         """tokens[i]: [T_i] int32 (may be lazy) appended to rows[i] -> one output per row.
-        Every row's length grows by T_i. ``last_logits_only``: compute logits for each row's
-        last position only (prefill)."""
+        Every row's length grows by T_i. ``logits`` (per row, or one for all): "all"
+        positions, the "last" one, or "none" (a prefill chunk that does not end its
+        prompt)."""
         ...
 
     def trim(self, row: Row, num_tokens: int) -> None:
@@ -98,6 +111,9 @@ class CacheRow:
 class PerRowTarget:
     """Any TargetModel, one forward per row (all queued before one evaluation)."""
 
+    max_packed_rows = 0  # prompts are prefilled alone, in fixed chunks
+    max_prefill_tokens = 0
+
     def __init__(self, target: TargetModel) -> None:
         self.target = target
         self.vocab_size = target.vocab_size
@@ -113,15 +129,15 @@ class PerRowTarget:
         row.cache = []
 
     def forward(
-        self, rows: list[CacheRow], tokens: list[mx.array], last_logits_only: bool = False
+        self, rows: list[CacheRow], tokens: list[mx.array], logits: Sequence[str] | str = "all"
     ) -> list[RowOutput]:
         """One forward of the model's own code per row."""
         outputs = []
-        for row, row_tokens in zip(rows, tokens, strict=True):
-            logits, hidden = self.target(row_tokens[None], row.cache)  # [1, T, V], [1, T, H]
+        for row, row_tokens, wanted in zip(rows, tokens, _per_row(logits, rows), strict=True):
+            row_logits, hidden = self.target(row_tokens[None], row.cache)  # [1, T, V], [1, T, H]
             row.length += row_tokens.shape[0]
-            logits = logits[0, -1:] if last_logits_only else logits[0]
-            outputs.append(RowOutput(logits, hidden[0]))
+            selected = {"all": row_logits[0], "last": row_logits[0, -1:], "none": None}[wanted]
+            outputs.append(RowOutput(selected, hidden[0]))
         return outputs
 
     def trim(self, row: CacheRow, num_tokens: int) -> None:
@@ -151,17 +167,20 @@ class SlotRow:
 
 
 @dataclass
-class _Layout:
-    """Where each row's tokens sit in the packed [N] order and in the padded [R, T] one, for
-    one forward over the slots first_slot .. first_slot + R - 1."""
+class _Group:
+    """Rows whose attention runs together, padded to one [R, heads, T, L] layout: the slots
+    first_slot .. first_slot + R - 1 (those not in the group are computed and discarded), and
+    a contiguous segment [start, end) of the forward's packed tokens."""
 
     first_slot: int
     num_slots: int  # R
     max_tokens: int  # T
-    key_length: int  # L: the longest row's length after the forward
+    key_length: int  # L: the group's longest row after the forward
+    start: int
+    end: int
     offsets: mx.array  # [R] int32, each slot's length before the forward
-    to_padded: mx.array  # [R * T] int32: packed index of each padded position (pads -> 0)
-    to_packed: mx.array  # [N] int32: padded index of each packed token
+    to_padded: mx.array  # [R * T] int32: packed index of each padded position (pads -> start)
+    to_packed: mx.array  # [end - start] int32: padded index of each of the group's tokens
     write_at: mx.array  # [R * T] int32: flat (slot, position) index in the KV store
     mask: mx.array  # [R, 1, T, L] bool: key j visible to query t of row r
 
@@ -179,6 +198,7 @@ class SlotTarget:
     """A llama-like MLXTarget batched over slots (see the module docstring)."""
 
     recurrent = False
+    max_packed_rows = INVARIANT_MAX_ROWS
 
     def __init__(self, target: Any, max_rows: int = 16) -> None:
         self.target = target
@@ -190,6 +210,11 @@ class SlotTarget:
         self._live: dict[int, SlotRow] = {}  # slot -> its row
         self._capacity = 0  # positions allocated per slot
         self._stores: list[_SlotStore] = []
+        # A prefill chunk's attention product has (heads / kv heads) x T rows: kept within
+        # the invariant kernel, a prompt's cache is the same bits however it is chunked.
+        attention = self.trunk.inner.layers[0].self_attn
+        repeats = attention.n_heads // attention.n_kv_heads
+        self.max_prefill_tokens = max(INVARIANT_MAX_ROWS // repeats, 1)
 
     # -- rows ---------------------------------------------------------------------------
 
@@ -224,71 +249,101 @@ class SlotTarget:
     # -- forward ------------------------------------------------------------------------
 
     def forward(
-        self, rows: list[SlotRow], tokens: list[mx.array], last_logits_only: bool = False
+        self, rows: list[SlotRow], tokens: list[mx.array], logits: Sequence[str] | str = "all"
     ) -> list[RowOutput]:
-        """One forward over all rows (see the module docstring)."""
+        """One forward over all rows (see the module docstring). Rows that feed more tokens
+        than a verify (prefill chunks) attend in a group of their own, after the others."""
         counts = [int(t.shape[0]) for t in tokens]
-        layout = self._layout(rows, counts)
+        wanted = _per_row(logits, rows)
+        order = sorted(range(len(rows)), key=lambda i: counts[i] > VERIFY_TOKENS)
+        rows, tokens = [rows[i] for i in order], [tokens[i] for i in order]
+        counts, wanted = [counts[i] for i in order], [wanted[i] for i in order]
+        groups = self._groups(rows, counts)
         inner = self.trunk.inner
         packed = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
         x = inner.embed_tokens(packed[None])  # [1, N, H]
         for layer, store in zip(inner.layers, self._stores, strict=True):
-            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), store, layout)
+            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), store, groups)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = inner.norm(x)[0]  # [N, H]
         for row, count in zip(rows, counts, strict=True):
             row.length += count
-        ends = [sum(counts[: i + 1]) for i in range(len(counts))]
-        if last_logits_only:
-            last = mx.array([end - 1 for end in ends], mx.int32)
-            logits = self.trunk.lm_head(hidden[last][None])[0]  # [rows, V]
-            return [
-                RowOutput(logits[i : i + 1], hidden[end - count : end])
-                for i, (end, count) in enumerate(zip(ends, counts, strict=True))
-            ]
-        logits = self.trunk.lm_head(hidden[None])[0]  # [N, V]
-        return [
-            RowOutput(logits[end - count : end], hidden[end - count : end])
-            for end, count in zip(ends, counts, strict=True)
+        ends = list(itertools.accumulate(counts))
+        # The LM head runs on the positions asked for only (a prefill chunk needs none).
+        picked = [
+            position
+            for end, count, want in zip(ends, counts, wanted, strict=True)
+            for position in {"all": range(end - count, end), "last": [end - 1], "none": []}[want]
         ]
+        head = None
+        if picked:
+            head = self.trunk.lm_head(hidden[mx.array(picked, mx.int32)][None])[0]  # [P, V]
+        outputs, used = [], 0
+        for end, count, want in zip(ends, counts, wanted, strict=True):
+            size = {"all": count, "last": 1, "none": 0}[want]
+            row_logits = None if size == 0 or head is None else head[used : used + size]
+            used += size
+            outputs.append(RowOutput(row_logits, hidden[end - count : end]))
+        unsorted: list[RowOutput] = [outputs[0]] * len(outputs)
+        for position, index in enumerate(order):
+            unsorted[index] = outputs[position]
+        return unsorted
 
-    def _layout(self, rows: list[SlotRow], counts: list[int]) -> _Layout:
-        """Index maps and the attention mask shared by every layer of one forward."""
+    def _groups(self, rows: list[SlotRow], counts: list[int]) -> list[_Group]:
+        """Verify rows (at most VERIFY_TOKENS tokens) in one group, prefill rows in another:
+        padding a verify row to a prefill chunk's length would waste work (both are exact)."""
         slots = [row.slot for row in rows]
         if len(set(slots)) != len(slots) or min(slots) < 0:
             raise ValueError("each row of a forward needs its own live slot")
+        longest = max(counts)
+        # Writes for slots a group spans but does not feed go past every live row's end.
+        needed = max(
+            [live.length for live in self._live.values()]
+            + [row.length + count for row, count in zip(rows, counts, strict=True)]
+        )
+        self._ensure_capacity(needed + longest)
+        split = sum(count <= VERIFY_TOKENS for count in counts)
+        groups, start = [], 0
+        for lo, hi in ((0, split), (split, len(rows))):
+            if lo < hi:
+                group = self._group(rows[lo:hi], counts[lo:hi], start)
+                groups.append(group)
+                start = group.end
+        return groups
+
+    def _group(self, rows: list[SlotRow], counts: list[int], start: int) -> _Group:
+        """Index maps and the attention mask of one group, shared by every layer."""
+        slots = [row.slot for row in rows]
         first, last = min(slots), max(slots)
         num_slots, max_tokens = last - first + 1, max(counts)
-        # Slots in the range that take no part still get (discarded) writes: at their own
-        # length, past what they have committed, so nothing they hold is overwritten.
-        lengths = [
-            live.length if (live := self._live.get(slot)) is not None else 0
-            for slot in range(first, last + 1)
-        ]
-        key_length = max(length for length in lengths) + max_tokens
-        self._ensure_capacity(key_length)
-        to_padded = [0] * (num_slots * max_tokens)
+        fed = {row.slot: row for row in rows}
+        lengths = [fed[slot].length if slot in fed else 0 for slot in range(first, last + 1)]
+        to_padded = [start] * (num_slots * max_tokens)
         to_packed = []
-        start = 0
+        position = start
         for row, count in zip(rows, counts, strict=True):
             base = (row.slot - first) * max_tokens
             for t in range(count):
-                to_padded[base + t] = start + t
+                to_padded[base + t] = position + t
                 to_packed.append(base + t)
-            start += count
+            position += count
+        garbage = self._capacity - max_tokens  # past every live row (see _groups)
         write_at = [
-            (first + r) * self._capacity + lengths[r] + t
+            (first + r) * self._capacity + (lengths[r] if first + r in fed else garbage) + t
             for r in range(num_slots)
             for t in range(max_tokens)
         ]
         offsets = mx.array(lengths, mx.int32)
+        key_length = max(lengths) + max_tokens
         query_end = offsets[:, None] + mx.arange(max_tokens)[None, :]  # [R, T]
         mask = mx.arange(key_length)[None, None, :] <= query_end[:, :, None]  # [R, T, L]
-        return _Layout(
+        return _Group(
             first_slot=first,
             num_slots=num_slots,
             max_tokens=max_tokens,
             key_length=key_length,
+            start=start,
+            end=position,
             offsets=offsets,
             to_padded=mx.array(to_padded, mx.int32),
             to_packed=mx.array(to_packed, mx.int32),
@@ -315,27 +370,45 @@ class SlotTarget:
                 store.values = mx.concatenate([store.values, value_zeros], axis=1)
         self._capacity = capacity
 
-    def _attention(self, attn: Any, x: mx.array, store: _SlotStore, layout: _Layout) -> mx.array:
-        """Self-attention of mlx-lm's llama Attention over the slot store.
+    def _attention(
+        self, attn: Any, x: mx.array, store: _SlotStore, groups: list[_Group]
+    ) -> mx.array:
+        """Self-attention of mlx-lm's llama Attention over the slot store, group by group.
 
         x: [1, N, H] packed -> [1, N, H]. The softmax is exp(s - max) normalised by a
         matmul with ones: both sums then run through the invariant kernel, to which the
         masked keys past a row's length are trailing zeros (MLX's own softmax would vectorise
         a longer row differently)."""
-        rows, tokens, keys_len = layout.num_slots, layout.max_tokens, layout.key_length
+        queries_all, keys_all, values_all = attn.q_proj(x)[0], attn.k_proj(x)[0], attn.v_proj(x)[0]
+        attended = [
+            self._group_attention(attn, queries_all, keys_all, values_all, store, group)
+            for group in groups
+        ]
+        return attn.o_proj((mx.concatenate(attended) if len(attended) > 1 else attended[0])[None])
+
+    def _group_attention(
+        self,
+        attn: Any,
+        queries_all: mx.array,
+        keys_all: mx.array,
+        values_all: mx.array,
+        store: _SlotStore,
+        group: _Group,
+    ) -> mx.array:
+        """One group: projections [N, heads * d] of every packed token -> [tokens, H]."""
+        rows, tokens, keys_len = group.num_slots, group.max_tokens, group.key_length
         heads, kv_heads = attn.n_heads, attn.n_kv_heads
         repeats = heads // kv_heads
 
         def padded(projected: mx.array, num_heads: int) -> mx.array:
-            # [1, N, heads * d] -> [R, heads, T, d]
-            spread = projected[0][layout.to_padded]
+            # [N, heads * d] -> [R, heads, T, d]
+            spread = projected[group.to_padded]
             return spread.reshape(rows, tokens, num_heads, -1).transpose(0, 2, 1, 3)
 
-        queries = attn.rope(padded(attn.q_proj(x), heads), offset=layout.offsets)
-        keys = attn.rope(padded(attn.k_proj(x), kv_heads), offset=layout.offsets)
-        values = padded(attn.v_proj(x), kv_heads)
+        queries = attn.rope(padded(queries_all, heads), offset=group.offsets)
+        keys = attn.rope(padded(keys_all, kv_heads), offset=group.offsets)
+        values = padded(values_all, kv_heads)
         head_dim = keys.shape[-1]
-
         # Values carry a constant 1 as their last feature, so one product gives both the
         # weighted sum and the softmax's normaliser: a one-column product (the normaliser on
         # its own) is a matrix-vector call that bypasses the invariant kernel.
@@ -347,24 +420,30 @@ class SlotTarget:
             stored = getattr(store, name)
             width = stored.shape[-1]
             flat = stored.reshape(self.max_rows * self._capacity, kv_heads, width)
-            flat[layout.write_at] = new.transpose(0, 2, 1, 3).reshape(-1, kv_heads, width)
+            flat[group.write_at] = new.transpose(0, 2, 1, 3).reshape(-1, kv_heads, width)
             setattr(store, name, flat.reshape(stored.shape))
-        first = layout.first_slot
-        window = slice(first, first + rows)
+        window = slice(group.first_slot, group.first_slot + rows)
         all_keys = store.keys[window, :keys_len].transpose(0, 2, 3, 1)  # [R, kv, d, L]
         all_values = store.values[window, :keys_len].transpose(0, 2, 1, 3)  # [R, kv, L, d+1]
 
         grouped = (queries * attn.scale).reshape(rows, kv_heads, repeats * tokens, head_dim)
         scores = grouped @ all_keys  # [R, kv, repeats * T, L]
         scores = scores.reshape(rows, kv_heads, repeats, tokens, keys_len)
-        scores = mx.where(layout.mask[:, :, None], scores, -mx.inf)
+        scores = mx.where(group.mask[:, :, None], scores, -mx.inf)
         weights = mx.exp(scores - mx.max(scores, axis=-1, keepdims=True))
         weights = weights.reshape(rows, kv_heads, repeats * tokens, keys_len)
         summed = weights @ all_values  # [R, kv, repeats * T, d+1]
         attended = summed[..., :head_dim] / summed[..., head_dim:]
         attended = attended.reshape(rows, heads, tokens, head_dim).transpose(0, 2, 1, 3)
-        attended = attended.reshape(rows * tokens, heads * head_dim)[layout.to_packed]
-        return attn.o_proj(attended[None])
+        return attended.reshape(rows * tokens, heads * head_dim)[group.to_packed]
+
+
+def _per_row(logits: Sequence[str] | str, rows: Sequence[object]) -> list[str]:
+    """The ``logits`` argument of ``forward`` as one choice per row."""
+    wanted = [logits] * len(rows) if isinstance(logits, str) else list(logits)
+    if len(wanted) != len(rows) or any(w not in ("all", "last", "none") for w in wanted):
+        raise ValueError(f"logits must be 'all', 'last' or 'none' per row, got {logits!r}")
+    return wanted
 
 
 def batched_target(target: TargetModel, max_rows: int) -> BatchedTarget:
