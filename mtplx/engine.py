@@ -67,7 +67,7 @@ class Engine:
         draft_model: TargetModel | None = None,
         max_adaptive_depth: int = 5,
         max_num_seqs: int = 16,
-        prefill_chunk_size: int = 128,
+        prefill_chunk_size: int = 32,
         prefill_budget: int = 256,
         costs: StepCosts | None = None,
     ) -> None:
@@ -227,6 +227,13 @@ class Engine:
             except Exception as exc:  # one row's failure fails that request alone
                 self._fail(sequence, exc, events)
         self._run(plans, events)
+        if not plans and self.batched.max_packed_rows:
+            # Nothing decodes yet: more prompt chunks cost no stream a delay.
+            fed = self.prefill_budget
+            while fed > 0 and any(not s.prefilled and not s.finished for s in self.running):
+                before = sum(s.num_prefilled for s in self.running)
+                self._run({}, events)
+                fed -= sum(s.num_prefilled for s in self.running) - before
         for sequence in list(self.running):
             if sequence.pending is not None and not sequence.finished:
                 events.extend((sequence, event) for event in self._emit(sequence))
@@ -287,7 +294,7 @@ class Engine:
             if self.batched.recurrent and draft.num_drafted:
                 draft.checkpoint = self.batched.checkpoint(sequence.row)
             inputs.append(draft.inputs(sequence.tokens[-1]))
-        chunks = self._prefill_chunks(sum(int(t.shape[0]) for t in inputs))
+        chunks = self._prefill_chunks(sum(int(t.shape[0]) for t in inputs), idle=not plans)
         rows = plain + drafting + [sequence for sequence, _ in chunks]
         if not rows:
             return
@@ -350,18 +357,23 @@ class Engine:
             return
         _record(sequence.stats, sequence.pending)
 
-    def _prefill_chunks(self, num_decode_tokens: int) -> list[tuple[Sequence, list[int]]]:
+    def _prefill_chunks(
+        self, num_decode_tokens: int, idle: bool = False
+    ) -> list[tuple[Sequence, list[int]]]:
         """Prompt tokens to feed in this step's forward beside ``num_decode_tokens``
         decoding ones: oldest prompt first, each at most ``max_prefill_tokens``, all within
-        ``max_packed_rows`` (every row then stays batch-invariant), at least one token a
-        step while any prompt waits."""
+        ``max_packed_rows`` (every row then stays batch-invariant) and at most
+        ``prefill_chunk_size`` tokens a prompt (what a stream beside it waits for), at least
+        one token a step while any prompt waits. ``idle``: no stream decodes, so a prompt
+        may feed as much as the forward holds."""
         budget = min(self.prefill_budget, self.batched.max_packed_rows - num_decode_tokens)
         chunks = []
         for sequence in self.running:
             if sequence.prefilled or sequence.finished:
                 continue
             budget = max(budget, 0 if chunks else 1)
-            size = min(self.batched.max_prefill_tokens, budget)
+            piece = self.batched.max_prefill_tokens if idle else self.prefill_chunk_size
+            size = min(piece, self.batched.max_prefill_tokens, budget)
             if size <= 0:
                 break
             start = sequence.num_prefilled

@@ -169,7 +169,7 @@ def engine_factory(
     depth: int | None,
     draft_layers: int | None = None,
     max_num_seqs: int = 16,
-    prefill_chunk_size: int = 128,
+    prefill_chunk_size: int = 32,
 ) -> Callable[[], Any]:
     """A callable that loads the checkpoint and builds the engine. The scheduler runs it on
     its engine thread, so MLX arrays are created on the thread that uses them, and the
@@ -197,7 +197,7 @@ def engine_factory(
             draft_model=draft,
             max_num_seqs=max_num_seqs,
             prefill_chunk_size=prefill_chunk_size,
-            prefill_budget=2 * prefill_chunk_size,
+            prefill_budget=256,
         )
         engine.warm_up()  # while /health says loading, not in the first request
         return engine

@@ -59,7 +59,7 @@ class ServerSettings(BaseSettings):
         16, ge=1, le=64, description="sequences decoded together in one batch (rows per step)"
     )
     prefill_chunk_size: int = Field(
-        128, ge=16, description="prompt tokens per prefill forward (interleaved with decoding)"
+        32, ge=8, description="prompt tokens a prompt feeds per step beside decoding streams"
     )
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 429")
     max_tokens_limit: int = Field(8192, ge=1, description="largest max_tokens a request may ask")

@@ -210,11 +210,14 @@ class SlotTarget:
         self._live: dict[int, SlotRow] = {}  # slot -> its row
         self._capacity = 0  # positions allocated per slot
         self._stores: list[_SlotStore] = []
-        # A prefill chunk's attention product has (heads / kv heads) x T rows: kept within
-        # the invariant kernel, a prompt's cache is the same bits however it is chunked.
+        # An attention product has (heads / kv heads) x (queries) rows: queries go in blocks
+        # that keep it within the invariant kernel, like every matmul of a forward of at
+        # most INVARIANT_MAX_ROWS tokens, so a prompt's cache is the same bits however it
+        # is chunked and whatever shares its forwards.
         attention = self.trunk.inner.layers[0].self_attn
         repeats = attention.n_heads // attention.n_kv_heads
-        self.max_prefill_tokens = max(INVARIANT_MAX_ROWS // repeats, 1)
+        self._query_block = max(INVARIANT_MAX_ROWS // repeats, 1)
+        self.max_prefill_tokens = INVARIANT_MAX_ROWS
 
     # -- rows ---------------------------------------------------------------------------
 
@@ -426,15 +429,25 @@ class SlotTarget:
         all_keys = store.keys[window, :keys_len].transpose(0, 2, 3, 1)  # [R, kv, d, L]
         all_values = store.values[window, :keys_len].transpose(0, 2, 1, 3)  # [R, kv, L, d+1]
 
-        grouped = (queries * attn.scale).reshape(rows, kv_heads, repeats * tokens, head_dim)
-        scores = grouped @ all_keys  # [R, kv, repeats * T, L]
-        scores = scores.reshape(rows, kv_heads, repeats, tokens, keys_len)
-        scores = mx.where(group.mask[:, :, None], scores, -mx.inf)
-        weights = mx.exp(scores - mx.max(scores, axis=-1, keepdims=True))
-        weights = weights.reshape(rows, kv_heads, repeats * tokens, keys_len)
-        summed = weights @ all_values  # [R, kv, repeats * T, d+1]
-        attended = summed[..., :head_dim] / summed[..., head_dim:]
-        attended = attended.reshape(rows, heads, tokens, head_dim).transpose(0, 2, 1, 3)
+        scaled = queries * attn.scale  # [R, heads, T, d]
+        blocks = []
+        for start in range(0, tokens, self._query_block):
+            # Queries in blocks: each product has repeats x block rows, within the kernel.
+            block = min(self._query_block, tokens - start)
+            grouped = scaled[:, :, start : start + block].reshape(
+                rows, kv_heads, repeats * block, head_dim
+            )
+            scores = grouped @ all_keys  # [R, kv, repeats * block, L]
+            scores = scores.reshape(rows, kv_heads, repeats, block, keys_len)
+            visible = group.mask[:, :, None, start : start + block]
+            scores = mx.where(visible, scores, -mx.inf)
+            weights = mx.exp(scores - mx.max(scores, axis=-1, keepdims=True))
+            weights = weights.reshape(rows, kv_heads, repeats * block, keys_len)
+            summed = weights @ all_values  # [R, kv, repeats * block, d+1]
+            attended = summed[..., :head_dim] / summed[..., head_dim:]
+            blocks.append(attended.reshape(rows, heads, block, head_dim))
+        attended = mx.concatenate(blocks, axis=2) if len(blocks) > 1 else blocks[0]
+        attended = attended.transpose(0, 2, 1, 3)  # [R, T, heads, d]
         return attended.reshape(rows * tokens, heads * head_dim)[group.to_packed]
 
 
