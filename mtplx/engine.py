@@ -220,10 +220,14 @@ class Engine:
         if not self.batched.max_packed_rows:
             self._prefill(events)  # one row per forward: prompts go in forwards of their own
         decoding = [s for s in self.running if s.prefilled and s.pending is None]
+        # While a prompt is fed beside them, adaptive rows do not draft: the steps are long,
+        # and a drafting row emits nothing in the step that re-queues its plain forward,
+        # which would double its wait between tokens.
+        prefilling = any(not s.prefilled for s in self.running)
         plans = {}
         for sequence in decoding:
             try:
-                plans[sequence] = self._plan(sequence, len(decoding))
+                plans[sequence] = self._plan(sequence, len(decoding), prefilling)
             except Exception as exc:  # one row's failure fails that request alone
                 self._fail(sequence, exc, events)
         self._run(plans, events)
@@ -242,11 +246,13 @@ class Engine:
         self.num_steps += 1
         return events
 
-    def _plan(self, sequence: Sequence, batch_size: int) -> Plan:
+    def _plan(self, sequence: Sequence, batch_size: int, prefilling: bool = False) -> Plan:
         """The row's next cycle (a plan waiting for its ahead to close goes first)."""
         if sequence.planned is not None:
             plan, sequence.planned = sequence.planned, None
             return plan
+        if prefilling and sequence.policies:
+            return Plan(None, 0)
         room = min(
             sequence.request.max_tokens - sequence.num_output_tokens,
             self.context_length - len(sequence.tokens),
