@@ -378,8 +378,7 @@ class Engine:
             if sequence.prefilled or sequence.finished:
                 continue
             budget = max(budget, 0 if chunks else 1)
-            piece = self.batched.max_prefill_tokens if idle else self.prefill_chunk_size
-            size = min(piece, self.batched.max_prefill_tokens, budget)
+            size = min(self._prefill_piece(sequence.num_prefilled, idle), budget)
             if size <= 0:
                 break
             start = sequence.num_prefilled
@@ -387,6 +386,16 @@ class Engine:
             chunks.append((sequence, chunk))
             budget -= len(chunk)
         return chunks
+
+    def _prefill_piece(self, position: int, idle: bool) -> int:
+        """How many prompt tokens a prompt at ``position`` feeds in one step. Beside
+        decoding streams a chunk's attention grows with the keys before it, so the piece
+        shrinks with them, from a whole forward down to ``prefill_chunk_size``: each step
+        stays about as long as a short prompt's full chunk. Alone, a whole forward."""
+        largest = self.batched.max_prefill_tokens
+        if idle:
+            return largest
+        return max(self.prefill_chunk_size, min(largest, int(largest / (1 + position / 512))))
 
     def _prefilled_chunk(
         self, sequence: Sequence, size: int, output: RowOutput, seconds: float
