@@ -234,7 +234,11 @@ class Engine:
         if not plans and self.batched.max_packed_rows:
             # Nothing decodes yet: more prompt chunks cost no stream a delay.
             fed = self.prefill_budget
-            while fed > 0 and any(not s.prefilled and not s.finished for s in self.running):
+            while (
+                fed > 0
+                and any(not s.prefilled and not s.finished for s in self.running)
+                and not any(s.pending is not None for s in self.running)  # a first token waits
+            ):
                 before = sum(s.num_prefilled for s in self.running)
                 self._run({}, events)
                 fed -= sum(s.num_prefilled for s in self.running) - before
@@ -367,20 +371,18 @@ class Engine:
         self, num_decode_tokens: int, idle: bool = False
     ) -> list[tuple[Sequence, list[int]]]:
         """Prompt tokens to feed in this step's forward beside ``num_decode_tokens``
-        decoding ones: oldest prompt first, each at most ``max_prefill_tokens``, all within
-        ``max_packed_rows`` (every row then stays batch-invariant) and at most
-        ``prefill_chunk_size`` tokens a prompt (what a stream beside it waits for), at least
-        one token a step while any prompt waits. ``idle``: no stream decodes, so a prompt
-        may feed as much as the forward holds."""
+        decoding ones, all within ``max_packed_rows`` (every row then stays batch-invariant):
+        waiting prompts share what is left, oldest first, each at most ``_prefill_piece``;
+        at least one token a step while any prompt waits. ``idle``: no stream decodes."""
         budget = min(self.prefill_budget, self.batched.max_packed_rows - num_decode_tokens)
+        waiting = [s for s in self.running if not s.prefilled and not s.finished]
         chunks = []
-        for sequence in self.running:
-            if sequence.prefilled or sequence.finished:
-                continue
-            budget = max(budget, 0 if chunks else 1)
-            size = min(self._prefill_piece(sequence.num_prefilled, idle), budget)
+        for index, sequence in enumerate(waiting):
+            # Waiting prompts share the step, so a short one behind a long one starts at once.
+            share = max(budget // (len(waiting) - index), 0 if chunks else 1)
+            size = min(self._prefill_piece(sequence.num_prefilled, idle), share)
             if size <= 0:
-                break
+                continue
             start = sequence.num_prefilled
             chunk = sequence.tokens[start : min(start + size, sequence.num_prompt_tokens)]
             chunks.append((sequence, chunk))
@@ -412,11 +414,15 @@ class Engine:
 
     def _prefill(self, events: list[StepEvent]) -> None:
         """Feed admitted prompts in chunks of ``prefill_chunk_size`` (fixed by the prompt
-        alone, so a prompt's cache is bitwise the same in any batch), oldest first, until
-        this step's ``prefill_budget`` tokens are spent (at least one chunk a step)."""
+        alone, so a prompt's cache is bitwise the same in any batch), a chunk per waiting
+        prompt in turn, oldest first (a short prompt behind a long one starts at once),
+        until this step's ``prefill_budget`` tokens are spent (at least one chunk a step)."""
         budget = self.prefill_budget
-        for sequence in [s for s in self.running if not s.prefilled]:
-            while not sequence.prefilled:
+        while budget > 0:
+            waiting = [s for s in self.running if not s.prefilled and not s.finished]
+            if not waiting:
+                return
+            for sequence in waiting:
                 start = sequence.num_prefilled
                 chunk = sequence.tokens[start : start + self.prefill_chunk_size]
                 if len(chunk) > budget and budget < self.prefill_budget:
@@ -426,9 +432,6 @@ class Engine:
                     self._prefill_chunk(sequence, chunk)
                 except Exception as exc:
                     self._fail(sequence, exc, events)
-                    break
-            if budget <= 0:
-                return
 
     def _prefill_chunk(self, sequence: Sequence, chunk: list[int]) -> None:
         """One prompt chunk through the target; after the last, sample the first token."""

@@ -38,6 +38,7 @@ __all__ = [
     "Scheduler",
     "SchedulerError",
     "SchedulerStats",
+    "ShuttingDown",
     "Ticket",
 ]
 
@@ -91,6 +92,13 @@ class EngineNotReady(SchedulerError):
     def __init__(self, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class ShuttingDown(EngineNotReady):
+    """The server is draining or stopped: no new work, running work ends."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down")
 
 
 class RequestTimeout(SchedulerError):
@@ -266,7 +274,7 @@ class Scheduler:
                 ticket._cancelled.set()
             self._cond.notify_all()
         for ticket in pending:
-            ticket._deliver(EngineNotReady("the server is shutting down"))
+            ticket._deliver(ShuttingDown())
         if self._thread is not None:
             self._thread.join(timeout)
         self._state = "stopped"
@@ -367,7 +375,7 @@ class Scheduler:
         ticket = Ticket(requests=requests, deadline=deadline, _loop=loop, _scheduler=self)
         with self._cond:
             if self._stopping or self._draining:
-                raise EngineNotReady("the server is shutting down")
+                raise ShuttingDown()
             # Tickets the batch has room for start at the next step: they are not waiting.
             room = max(engine.max_num_seqs - len(engine.running), 0)
             if len(self._pending) - room >= self.max_queue:
@@ -383,7 +391,7 @@ class Scheduler:
         if self._state == "failed":
             return EngineNotReady(f"the model failed to load: {self.load_error}")
         if self._state in ("stopped", "draining") or self._stopping or self._draining:
-            return EngineNotReady("the server is shutting down")
+            return ShuttingDown()
         return EngineNotReady("the model is loading", retry_after=5)
 
     def _forget(self, ticket: Ticket) -> None:
@@ -440,9 +448,7 @@ class Scheduler:
             stopping = self._stopping
         if stopping:
             for ticket in list(self._active):
-                self._finish(
-                    engine, ticket, "cancelled", EngineNotReady("the server is shutting down")
-                )
+                self._finish(engine, ticket, "cancelled", ShuttingDown())
             return False
         with self._cond:
             while self._pending and engine.has_room:

@@ -326,10 +326,11 @@ def run_server(
     while /health answers 503; if loading fails (bad path, a drafter the checkpoint cannot
     use) the server shuts down and the load error is returned, else None.
 
-    SIGTERM / SIGINT stop it gracefully: no new connections, new requests on open ones get
-    503 (and /health 503), requests in flight finish for up to ``shutdown_timeout`` seconds,
-    then the rest end with an error event (and ``[DONE]``); the process exits 0. A second
-    SIGINT exits at once."""
+    SIGTERM / SIGINT stop it gracefully: no new connections (uvicorn closes idle keep-alive
+    ones), requests in flight finish for up to ``shutdown_timeout`` seconds while any that
+    still reach the scheduler get 503, then the rest end with an error event (code
+    ``server_shutting_down``, and ``[DONE]``); the process exits 0. A second SIGINT exits at
+    once."""
     import threading
 
     import uvicorn

@@ -21,6 +21,7 @@ from mtplx.scheduler import (
     RequestTimeout,
     Scheduler,
     SchedulerError,
+    ShuttingDown,
     Ticket,
 )
 from server.errors import APIError, from_value_error
@@ -55,6 +56,8 @@ def submit(
         raise APIError(
             429, str(exc), code="queue_full", headers={"Retry-After": str(exc.retry_after)}
         ) from exc
+    except ShuttingDown as exc:
+        raise APIError(503, str(exc), code="server_shutting_down") from exc
     except EngineNotReady as exc:
         headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
         raise APIError(503, str(exc), code="model_not_ready", headers=headers) from exc
@@ -66,6 +69,8 @@ def error_for(exc: SchedulerError) -> APIError:
     """The APIError for a failure that happens after admission."""
     if isinstance(exc, RequestTimeout):
         return APIError(504, "The request timed out.", code="timeout")
+    if isinstance(exc, ShuttingDown):
+        return APIError(503, str(exc), code="server_shutting_down")
     if isinstance(exc, EngineNotReady):
         return APIError(503, str(exc), code="model_not_ready")
     if isinstance(exc, GenerationFailed):

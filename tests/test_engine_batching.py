@@ -186,3 +186,24 @@ def test_rows_with_different_samplers_follow_plain_decoding(tmp_path: Path) -> N
     for i, (prompt, _, _, config) in enumerate(rows):
         exact = _exact_first_tokens(engine, prompt, config)
         assert _chi_square_pvalue(observed[i], exact, NUM_RUNS) > SIGNIFICANCE, rows[i][1:]
+
+
+def test_a_short_prompt_behind_a_long_one_starts_at_once(engine: Engine) -> None:
+    """Waiting prompts share a step's forward: a short prompt that arrives while a long one
+    is being fed gets its first token within a step or two, not after the long one."""
+    vocab = engine.vocab_size
+    long_prompt = [(7 * j * j + 3) % (vocab - 3) + 3 for j in range(1500)]
+    long = engine.add(GenerationRequest(long_prompt, GREEDY, 4, drafter="none"))
+    engine.step()
+    short = engine.add(GenerationRequest([5, 6, 7], GREEDY, 4, drafter="none"))
+    steps_to_first_token = None
+    for step in range(1, 200):
+        events = engine.step()
+        if any(s is short and isinstance(e, TokenEvent) for s, e in events):
+            steps_to_first_token = step
+            break
+    assert steps_to_first_token is not None and steps_to_first_token <= 2
+    if engine.batched.max_packed_rows:
+        assert not long.prefilled  # the long prompt is still being fed beside it
+    engine.abort(long)
+    engine.abort(short)

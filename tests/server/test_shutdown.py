@@ -90,6 +90,7 @@ def test_signal_drains_streams_and_exits_zero(
         assert payloads[-1] == "[DONE]"
         last = json.loads(payloads[-2])
         if "error" in last:
+            assert last["error"]["code"] == "server_shutting_down"
             endings.append("error")
         else:
             assert last["choices"][0]["finish_reason"] == "length"
