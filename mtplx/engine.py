@@ -380,7 +380,7 @@ class Engine:
         for index, sequence in enumerate(waiting):
             # Waiting prompts share the step, so a short one behind a long one starts at once.
             share = max(budget // (len(waiting) - index), 0 if chunks else 1)
-            size = min(self._prefill_piece(sequence.num_prefilled, idle), share)
+            size = min(self._prefill_piece(idle), share)
             if size <= 0:
                 continue
             start = sequence.num_prefilled
@@ -389,15 +389,12 @@ class Engine:
             budget -= len(chunk)
         return chunks
 
-    def _prefill_piece(self, position: int, idle: bool) -> int:
-        """How many prompt tokens a prompt at ``position`` feeds in one step. Beside
-        decoding streams a chunk's attention grows with the keys before it, so the piece
-        shrinks with them, from a whole forward down to ``prefill_chunk_size``: each step
-        stays about as long as a short prompt's full chunk. Alone, a whole forward."""
+    def _prefill_piece(self, idle: bool) -> int:
+        """How many prompt tokens a prompt feeds in one step: ``prefill_chunk_size`` beside
+        decoding streams (what they wait for: a chunk's attention grows with the context
+        before it), a whole forward when nothing decodes."""
         largest = self.batched.max_prefill_tokens
-        if idle:
-            return largest
-        return max(self.prefill_chunk_size, min(largest, int(largest / (1 + position / 512))))
+        return largest if idle else min(self.prefill_chunk_size, largest)
 
     def _prefilled_chunk(
         self, sequence: Sequence, size: int, output: RowOutput, seconds: float
