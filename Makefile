@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-llamacpp test test-slow test-docker serve bench lint format clean
+.PHONY: install install-llamacpp test test-slow test-docker serve bench lint format clean soak
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ test-slow: $(STAMP)
 # not part of `make test`). BASE_IMAGE=... picks the base; see README, Docker.
 test-docker:
 	$(PYTHON) docker/test_image.py $(if $(BASE_IMAGE),--base $(BASE_IMAGE)) $(ARGS)
+
+# A bounded soak of a server started here on port 8765 (SOAK_MINUTES, default 20): mixed
+# requests, disconnects, memory; the report goes to results/soak/ (scripts/soak.py).
+SOAK_MINUTES ?= 20
+soak: $(STAMP)
+	$(BIN)/mtplx serve --port 8765 --log-level warning & pid=$$!; \
+	$(BIN)/python scripts/soak.py --url http://127.0.0.1:8765 --pid $$pid \
+	    --minutes $(SOAK_MINUTES); rc=$$?; kill -TERM $$pid; wait $$pid; exit $$rc
 
 serve: $(STAMP)
 	$(BIN)/mtplx serve $(ARGS)
