@@ -44,7 +44,7 @@ def _start(checkpoint: Path, log: Path, shutdown_timeout: float) -> tuple[subpro
         time.sleep(0.1)
 
 
-def _stream(url: str, max_tokens: int, out: list) -> None:
+def _stream(url: str, max_tokens: int, out: list, started: threading.Event) -> None:
     body = {
         "model": "tiny",
         "messages": [{"role": "user", "content": f"go {max_tokens}"}],
@@ -57,6 +57,7 @@ def _stream(url: str, max_tokens: int, out: list) -> None:
         for line in response.iter_lines():
             if line.startswith("data: "):
                 payloads.append(line[6:])
+                started.set()
     out.append(payloads)
 
 
@@ -67,16 +68,15 @@ def test_signal_drains_streams_and_exits_zero(
     process, url = _start(tiny_checkpoint, tmp_path / "server.log", shutdown_timeout=1.5)
     try:
         results: list[list[str]] = []
+        started = [threading.Event() for _ in range(3)]
         threads = [
-            threading.Thread(target=_stream, args=(url, tokens, results))
-            for tokens in (20, 4000, 4000)
+            threading.Thread(target=_stream, args=(url, tokens, results, event))
+            for tokens, event in zip((20, 4000, 4000), started, strict=True)
         ]
         for thread in threads:
             thread.start()
-        deadline = time.monotonic() + 30
-        while httpx.get(f"{url}/health").json()["batch"]["running"] < 2:  # the long two
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        for event in started:  # every stream is under way (the short one may have ended)
+            assert event.wait(30)
         process.send_signal(sig)
         for thread in threads:
             thread.join(30)
