@@ -26,9 +26,11 @@ def cached_engine(tiny_checkpoint: Any) -> Any:
 async def client(make_app: Any, cached_engine: Any) -> Any:
     app = make_app(cached_engine, served_model_name=MODEL)
     transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            yield c
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://localhost") as c,
+    ):
+        yield c
 
 
 def _chat(question: str) -> dict[str, Any]:
