@@ -109,7 +109,7 @@ async def chat_stream(
 ) -> Reply:
     """One streaming chat completion (greedy) with usage; raises on an HTTP error."""
     body = {
-        "model": "default",
+        "model": client.headers["x-model"],
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
@@ -268,6 +268,8 @@ async def run(args: argparse.Namespace) -> str:
         httpx.AsyncClient(base_url=args.url, headers=headers, timeout=timeout) as cached,
         httpx.AsyncClient(base_url=args.cold_url, headers=headers, timeout=timeout) as cold,
     ):
+        for client in (cached, cold):  # the id each server serves its model under
+            client.headers["x-model"] = (await client.get("/v1/models")).json()["data"][0]["id"]
         chat = await chat_turns(cached, cold, args.turns, args.max_tokens, tag)
         system = long_system_prompt(args.shared_words, int(tag))
         shared = [
