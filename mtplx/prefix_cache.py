@@ -28,6 +28,8 @@ BLOCK_SIZE = 16
 class BlockState(Protocol):
     """The states of one block, as the batched target saved them."""
 
+    resumable: bool  # whether a row can continue right after this block
+
     @property
     def nbytes(self) -> int:
         """Bytes the state occupies."""
@@ -99,16 +101,23 @@ class PrefixCache:
             self.stats.misses += 1
 
     def insert(
-        self, tokens: Sequence[int], num_tokens: int, save: Callable[[int, int], BlockState]
+        self,
+        tokens: Sequence[int],
+        num_tokens: int,
+        save: Callable[[int, int], BlockState | None],
     ) -> int:
         """Cache the whole blocks of ``tokens[:num_tokens]`` not cached yet; ``save(start,
-        end)`` returns the state of positions [start, end). Returns blocks added."""
+        end)`` returns the state of positions [start, end), or None when it cannot (then
+        neither that block nor those after it are cached). Returns blocks added."""
         node, added = self.root, 0
         for start in range(0, num_tokens - self.block_size + 1, self.block_size):
             key = tuple(tokens[start : start + self.block_size])
             child = node.children.get(key)
             if child is None:
-                child = Block(key, node, save(start, start + self.block_size), depth=node.depth + 1)
+                state = save(start, start + self.block_size)
+                if state is None:
+                    break
+                child = Block(key, node, state, depth=node.depth + 1)
                 node.children[key] = child
                 self.stats.num_bytes += child.num_bytes
                 self.stats.num_blocks += 1

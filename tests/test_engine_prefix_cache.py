@@ -155,8 +155,32 @@ def test_a_failed_row_is_not_cached(cold: Engine) -> None:
     assert cached.prefix_cache.stats.num_blocks == blocks_after_prompt  # type: ignore[union-attr]
 
 
-def test_families_without_slots_run_without_a_cache(tmp_path: Path) -> None:
-    build_checkpoint("qwen3_next", tmp_path)
+@pytest.mark.parametrize("kind", ["qwen3_next", "deepseek_v3"])
+def test_one_forward_per_row_families_resume_at_prompt_chunks(kind: str, tmp_path: Path) -> None:
+    """Hybrid recurrent (gated delta) and MLA models: prompt states are cached at prefill
+    chunk ends (recurrent state snapshotted there) and a hit gives the cold output."""
+    build_checkpoint(kind, tmp_path)
+    model = load(tmp_path)
+    cold = Engine(model)
+    cached = Engine(model, prefix_cache_bytes=1 << 26)
+    assert cached.prefix is not None and not cached.prefix.caches_replies
+    chunk = cached.prefill_chunk_size
+    system = _prompt(6, 2 * chunk + 9, model.target.vocab_size)
+    runs = [("none", GREEDY), ("mtp", GREEDY), ("mtp", SEEDED), ("ngram", SEEDED)]
+    for index, (drafter, config) in enumerate(runs):
+        depth = None if drafter == "none" else 2
+        prompt = [*system, *_prompt(10 + index, 5, model.target.vocab_size)]
+        request = GenerationRequest(prompt, config, 16, drafter=drafter, depth=depth)
+        expected, expected_stats = _run(cold, request)
+        got, stats = _run(cached, request)
+        assert got == expected, (drafter, config)
+        assert stats.accepted_per_position == expected_stats.accepted_per_position
+    # Every request after the first resumed at the system prompt's last chunk end.
+    assert stats.cached_tokens == 2 * chunk
+
+
+def test_families_whose_caches_cannot_be_saved_run_without_a_cache(tmp_path: Path) -> None:
+    build_checkpoint("deepseek_v4", tmp_path)
     engine = Engine(load(tmp_path), prefix_cache_bytes=1 << 20)
     assert engine.prefix_cache is None
     tokens, stats = _run(engine, GenerationRequest([5, 6, 7, 8], GREEDY, 4, ignore_eos=True))
