@@ -1,5 +1,4 @@
-"""What the chat and completions routes share: ids and the stream-or-collect tail of a
-request."""
+"""What the generation routes share: ids and the stream-or-collect tail of a request."""
 
 from __future__ import annotations
 
@@ -25,7 +24,13 @@ from server.generation import (
     usage,
 )
 from server.request_log import endpoint_label
-from server.streaming import ChunkFormatter, sse_response, stream_chunks
+from server.streaming import (
+    ChunkFormatter,
+    EventFormat,
+    OpenAIChunkEvents,
+    sse_response,
+    stream_events,
+)
 
 __all__ = ["new_id", "respond"]
 
@@ -45,11 +50,14 @@ async def respond(
     num_choices: int,
     prompt_tokens: int,
     stream: bool,
-    include_usage: bool,
-    formatter: ChunkFormatter,
     build_reply: BuildReply,
+    include_usage: bool = False,
+    formatter: ChunkFormatter | None = None,
+    events: EventFormat | None = None,
 ) -> Response:
-    """Stream the ticket as SSE, or collect it into one JSON reply."""
+    """Stream the ticket as SSE, or collect it into one JSON reply. The stream's events come
+    from ``events``, or for OpenAI's chunk APIs from ``formatter`` (with the usage chunk when
+    ``include_usage``)."""
     endpoint = endpoint_label(request.scope)
     started = getattr(request.state, "started", time.perf_counter())
 
@@ -61,17 +69,19 @@ async def respond(
         request.state.usage = usage(prompt_tokens, stats)
 
     if stream:
-        events = stream_chunks(
+        if events is None:
+            assert formatter is not None, "a streaming reply needs a formatter or events"
+            events = OpenAIChunkEvents(formatter, include_usage)
+        stream_body = stream_events(
             ticket,
-            formatter,
+            events,
             prompt_tokens=prompt_tokens,
-            include_usage=include_usage,
             on_first_token=first_token,
             on_token=ctx.metrics.observe_sent_tokens,
             on_done=done,
             on_disconnect=lambda: setattr(request.state, "disconnected", True),
         )
-        response = sse_response(events)
+        response = sse_response(stream_body)
         # If the client leaves before the body iterator starts, its cleanup never runs;
         # this runs after the response either way and frees the engine.
         response.background = BackgroundTask(ticket.cancel)
