@@ -21,9 +21,13 @@ from server.generation import (
     error_for,
     run_until_disconnect,
     speculative_summary,
+    submit,
     usage,
 )
+from server.params import aliases_for, build_requests, check_common
+from server.prompts import Prompt, chat_prompt, check_prompt_size, in_tokenizer_thread
 from server.request_log import endpoint_label
+from server.schemas import ChatCompletionRequest
 from server.streaming import (
     ChunkFormatter,
     EventFormat,
@@ -32,9 +36,22 @@ from server.streaming import (
     stream_events,
 )
 
-__all__ = ["new_id", "respond"]
+__all__ = ["new_id", "respond", "start_chat"]
 
 BuildReply = Callable[[list[ChoiceResult], dict[str, int], dict[str, Any]], dict[str, Any]]
+
+
+async def start_chat(
+    ctx: AppContext, body: ChatCompletionRequest, *, continue_final: bool = False
+) -> tuple[Prompt, Ticket]:
+    """The chat path the Anthropic and Responses APIs share with chat completions: checks,
+    the chat template off the event loop, one GenerationRequest per choice, admission."""
+    engine = ctx.engine()
+    check_common(body, ctx.settings, ctx.model_names())
+    check_prompt_size(body, engine.context_length)
+    prompt = await in_tokenizer_thread(chat_prompt, engine.tokenizer, body.messages, continue_final)
+    requests = build_requests(body, [prompt], engine, ctx.settings)
+    return prompt, submit(ctx.scheduler, requests, aliases_for(body))
 
 
 def new_id(prefix: str) -> str:
