@@ -3,8 +3,9 @@
 ``create_app(engine_or_scheduler, settings)`` wires the routes, the error handlers, the
 OpenAPI request bodies and the ASGI middleware: trailing slashes dropped outermost, then the
 request log, the Host check, CORS (when origins are allowed), the API key, and the body
-limit. The engine is plugged in through a ``Scheduler``: pass one (``Scheduler(factory)`` loads the model on the
-engine thread while /health answers 503), or pass an engine and one is made around it.
+limit. The engine is plugged in through a ``Scheduler``: pass one (``Scheduler(factory)``
+loads the model on the engine thread while /health answers 503), or pass an engine and one
+is made around it.
 """
 
 from __future__ import annotations
