@@ -29,7 +29,8 @@ from server.metrics import ServerMetrics
 from server.openapi import document_request_bodies
 from server.paths import TrailingSlashMiddleware
 from server.request_log import RequestLogMiddleware
-from server.routes import chat, completions, messages, system
+from server.responses_api import ResponsesRequest
+from server.routes import chat, completions, messages, responses, system
 from server.schemas import ChatCompletionRequest, CompletionRequest
 from server.settings import ServerSettings
 
@@ -79,6 +80,7 @@ def create_app(
     app.include_router(chat.router)
     app.include_router(completions.router)
     app.include_router(messages.router)
+    app.include_router(responses.router)
     app.include_router(system.router)
     document_request_bodies(
         app,
@@ -87,6 +89,7 @@ def create_app(
             ("post", "/v1/completions"): CompletionRequest,
             ("post", "/v1/messages"): MessagesRequest,
             ("post", "/v1/messages/count_tokens"): CountTokensRequest,
+            ("post", "/v1/responses"): ResponsesRequest,
         },
     )
     # add_middleware wraps: the last added is the outermost.
