@@ -16,6 +16,8 @@ pytestmark = pytest.mark.anyio
 
 MESSAGES = "/v1/messages"
 COUNT = "/v1/messages/count_tokens"
+USER = [{"role": "user", "content": "x"}]
+INVALID = "invalid_request_error"
 
 
 def body(content: Any = "hi", **extra: Any) -> dict[str, Any]:
@@ -134,7 +136,7 @@ async def test_stream_with_stop_sequence(client):
     r = await client.post(
         MESSAGES, json=body(temperature=0, max_tokens=30, stop_sequences=[stop], stream=True)
     )
-    delta = [d for n, d in named_events(r.text) if n == "message_delta"][0]
+    delta = next(d for n, d in named_events(r.text) if n == "message_delta")
     assert delta["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": stop}
 
 
@@ -175,32 +177,34 @@ async def test_api_key_as_x_api_key_or_bearer(make_app):
         assert ok.is_success
 
 
+CASES = {
+    "no-max-tokens": ({"model": MODEL, "messages": USER}, 400, INVALID, "max_tokens"),
+    "zero-max-tokens": (body(max_tokens=0), 400, INVALID, "max_tokens"),
+    "temperature": (body(temperature=1.5), 400, INVALID, "temperature"),
+    "top-k": (body(top_k=-1), 400, INVALID, "top_k"),
+    "empty-stop": (body(stop_sequences=[""]), 400, INVALID, "stop_sequences"),
+    "unknown-model": (body(model="claude-x"), 404, "not_found_error", "claude-x"),
+    "unknown-field": (body(unknown_field=1), 400, INVALID, "unknown_field"),
+    "no-messages": ({**body(), "messages": []}, 400, INVALID, "messages"),
+    "system-role": (body(messages=[{"role": "system", "content": "x"}]), 400, INVALID, "role"),
+    "tools": (body(tools=[{"name": "f", "input_schema": {}}]), 400, INVALID, "tool"),
+    "tool-choice": (body(tool_choice={"type": "auto"}), 400, INVALID, "tool"),
+    "thinking": (
+        body(thinking={"type": "enabled", "budget_tokens": 1024}),
+        400,
+        INVALID,
+        "thinking",
+    ),
+    "image-block": (body([{"type": "image", "source": {}}]), 400, INVALID, "image"),
+    "tool-result": (body([{"type": "tool_result", "tool_use_id": "t"}]), 400, INVALID, "tool"),
+    "max-tokens-over-limit": (body(max_tokens=10_000), 400, INVALID, "max_tokens"),
+    "unavailable-drafter": (body(mtplx={"drafter": "draft_model"}), 400, INVALID, "drafter"),
+}
+
+
 @pytest.mark.parametrize(
-    ("request_body", "status", "kind", "words"),
-    [
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, 400, "invalid_request_error", "max_tokens"),
-        (body(max_tokens=0), 400, "invalid_request_error", "max_tokens"),
-        (body(temperature=1.5), 400, "invalid_request_error", "temperature"),
-        (body(top_k=-1), 400, "invalid_request_error", "top_k"),
-        (body(stop_sequences=[""]), 400, "invalid_request_error", "stop_sequences"),
-        (body(model="claude-3-5-sonnet"), 404, "not_found_error", "claude-3-5-sonnet"),
-        (body(unknown_field=1), 400, "invalid_request_error", "unknown_field"),
-        ({**body(), "messages": []}, 400, "invalid_request_error", "messages"),
-        ({**body(), "messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error", "role"),
-        (body(tools=[{"name": "f", "input_schema": {"type": "object"}}]), 400, "invalid_request_error", "tool"),
-        (body(tool_choice={"type": "auto"}), 400, "invalid_request_error", "tool"),
-        (body(thinking={"type": "enabled", "budget_tokens": 1024}), 400, "invalid_request_error", "thinking"),
-        (body([{"type": "image", "source": {}}]), 400, "invalid_request_error", "image"),
-        (body([{"type": "tool_result", "tool_use_id": "t", "content": "x"}]), 400, "invalid_request_error", "tool"),
-        (body(max_tokens=10_000), 400, "invalid_request_error", "max_tokens"),
-        (body(mtplx={"drafter": "draft_model"}), 400, "invalid_request_error", "drafter"),
-    ],
-    ids=[
-        "no-max-tokens", "zero-max-tokens", "temperature", "top-k", "empty-stop", "unknown-model",
-        "unknown-field", "no-messages", "system-role", "tools", "tool-choice", "thinking",
-        "image-block", "tool-result-block", "max-tokens-over-limit", "unavailable-drafter",
-    ],
-)  # fmt: skip
+    ("request_body", "status", "kind", "words"), CASES.values(), ids=CASES.keys()
+)
 async def test_bad_requests_get_anthropic_errors(client, request_body, status, kind, words):
     message = assert_anthropic_error(await client.post(MESSAGES, json=request_body), status, kind)
     assert words in message
@@ -246,11 +250,8 @@ async def test_full_queue_is_a_rate_limit_error(make_app):
 
 
 async def test_count_tokens(client, engine):
-    r = await client.post(
-        COUNT,
-        json={"model": MODEL, "system": "sys", "messages": [{"role": "user", "content": "hi"}]},
-    )
-    expected = len(engine.tokenizer.encode("<|system|>sys\n<|user|>hi\n<|assistant|>"))
+    r = await client.post(COUNT, json={"model": MODEL, "system": "sys", "messages": USER})
+    expected = len(engine.tokenizer.encode("<|system|>sys\n<|user|>x\n<|assistant|>"))
     assert r.status_code == 200 and r.json() == {"input_tokens": expected}
     assert not engine.requests  # counting generates nothing
     r = await client.post(COUNT, json={"model": MODEL, "messages": [], "max_tokens": 3})
@@ -259,5 +260,5 @@ async def test_count_tokens(client, engine):
         COUNT, json={"model": "nope", "messages": [{"role": "user", "content": "x"}]}
     )
     assert_anthropic_error(r, 404, "not_found_error")
-    tools = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{}]}
+    tools = {"model": MODEL, "messages": USER, "tools": [{}]}
     assert_anthropic_error(await client.post(COUNT, json=tools), 400, "invalid_request_error")

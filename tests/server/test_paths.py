@@ -11,6 +11,8 @@ from tests.server.helpers import MODEL, chat_body, completion_body
 
 pytestmark = pytest.mark.anyio
 
+USER = [{"role": "user", "content": "x"}]
+
 
 def test_without_trailing_slash():
     assert without_trailing_slash("/v1/models/") == "/v1/models"
@@ -35,8 +37,8 @@ async def test_models_with_and_without_slash(client):
     [
         ("/v1/chat/completions/", chat_body(max_tokens=2)),
         ("/v1/completions/", completion_body(max_tokens=2)),
-        ("/v1/messages/", {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}),
-        ("/v1/messages/count_tokens/", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}),
+        ("/v1/messages/", {"model": MODEL, "max_tokens": 2, "messages": USER}),
+        ("/v1/messages/count_tokens/", {"model": MODEL, "messages": USER}),
         ("/v1/responses/", {"model": MODEL, "input": "x", "max_output_tokens": 2}),
     ],
 )  # fmt: skip
