@@ -76,6 +76,7 @@ class MessagesRequest(_Prompted):
     stream: bool = False
     metadata: dict[str, Any] | None = None  # accepted and ignored (user_id)
     service_tier: str | None = None  # accepted and ignored: there is one tier
+    cache_control: dict[str, Any] | None = None  # accepted: prefix caching is automatic
     mtplx: MtplxOptions | None = None
     container: Any = None
     context_management: Any = None
