@@ -242,6 +242,7 @@ async function send(text) {
           requestAnimationFrame(render);
         }
       }
+      if (chunk.choices?.[0]?.finish_reason === "length") note = "cut at max tokens";
       if (chunk.usage) usage = chunk.usage;
       if (chunk.mtplx) mtplx = chunk.mtplx;
     }

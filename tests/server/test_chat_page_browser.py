@@ -150,6 +150,7 @@ def test_streamed_reply_with_figures_and_settings(browser):
         assert body == served.engine.expected_text(request).strip()
         # The fake engine accepts every draft: three positions, all at 100%.
         assert "40 tokens" in stats.text and "tok/s" in stats.text
+        assert stats.text.startswith("cut at max tokens")
         assert "acceptance 100%" in stats.text and "per position 100% · 100% · 100%" in stats.text
         assert browser.find_element(By.ID, "send").is_displayed()
         # The conversation goes on: the next request carries the history.
