@@ -262,3 +262,36 @@ async def test_count_tokens(client, engine):
     assert_anthropic_error(r, 404, "not_found_error")
     tools = {"model": MODEL, "messages": USER, "tools": [{}]}
     assert_anthropic_error(await client.post(COUNT, json=tools), 400, "invalid_request_error")
+
+
+async def test_loading_model_is_overloaded_error_then_served():
+    import threading
+
+    import httpx
+
+    from mtplx.scheduler import Scheduler
+    from server.app import create_app
+
+    gate = threading.Event()
+
+    def factory() -> FakeEngine:
+        gate.wait(5)
+        return FakeEngine()
+
+    scheduler = Scheduler(factory)
+    app = create_app(scheduler)
+    scheduler.start()
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            r = await c.post(MESSAGES, json=body())
+            assert_anthropic_error(r, 503, "overloaded_error")
+            assert r.headers["retry-after"] == "5"
+            r = await c.post(COUNT, json={"model": MODEL, "messages": USER})
+            assert_anthropic_error(r, 503, "overloaded_error")
+            gate.set()
+            assert scheduler.wait_ready(5)
+            assert (await c.post(MESSAGES, json=body(max_tokens=2))).status_code == 200
+    finally:
+        gate.set()
+        scheduler.stop()
