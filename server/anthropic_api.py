@@ -34,7 +34,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class ContentBlock(BaseModel):
+class ContentBlockParam(BaseModel):
     """One content block. Only ``{"type": "text", "text": ...}`` is supported (its
     ``cache_control`` and ``citations`` are accepted and ignored); other types are refused
     when the prompt is built, naming the block."""
@@ -45,19 +45,19 @@ class ContentBlock(BaseModel):
     text: str | None = None
 
 
-class Message(_Strict):
+class MessageParam(_Strict):
     """A user or assistant turn."""
 
     role: Literal["user", "assistant"]
-    content: str | list[ContentBlock]
+    content: str | list[ContentBlockParam]
 
 
 class _Prompted(_Strict):
     """What both the messages and the count_tokens requests carry."""
 
     model: str
-    messages: list[Message] = Field(min_length=1)
-    system: str | list[ContentBlock] | None = None
+    messages: list[MessageParam] = Field(min_length=1)
+    system: str | list[ContentBlockParam] | None = None
     # Defined by Anthropic, not implemented here: a 400 naming the field.
     tools: Any = None
     tool_choice: Any = None
@@ -107,7 +107,7 @@ def unsupported_fields(body: _Prompted) -> tuple[str, str] | None:
     return None
 
 
-def _block_text(content: str | list[ContentBlock], where: str) -> str:
+def _block_text(content: str | list[ContentBlockParam], where: str) -> str:
     """The text of a message's (or the system prompt's) content; blocks are joined with a
     newline, as the chat route joins content parts."""
     if isinstance(content, str):
