@@ -75,8 +75,14 @@ async function loadModel() {
       await askForKey(apiKey() ? "That API key was refused." : "This server needs an API key.");
       continue;
     }
+    if (response.status === 503) {
+      // The model is still loading (or the server is draining): try again shortly.
+      $("model").textContent = "model loading…";
+      await new Promise((resolve) => setTimeout(resolve, 2000));
+      continue;
+    }
     if (!response.ok) {
-      $("model").textContent = `error ${response.status}`;
+      $("model").textContent = `error ${response.status}: ${await errorText(response)}`;
       return;
     }
     const card = (await response.json()).data[0];
@@ -292,7 +298,7 @@ function main() {
     send(text);
   });
   $("prompt").addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && !event.shiftKey) {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
       $("composer").requestSubmit();
     }
