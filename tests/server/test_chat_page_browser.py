@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from mtplx.scheduler import Scheduler
 from server.app import create_app
 from server.settings import ServerSettings
 from tests.fake_engine import FakeEngine
@@ -47,9 +48,17 @@ from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 class Served:
     """The app on the fake engine, served by uvicorn in a thread."""
 
-    def __init__(self, api_key: str | None = None) -> None:
+    def __init__(self, api_key: str | None = None, loaded: threading.Event | None = None) -> None:
         self.engine = FakeEngine(token_delay=0.03)
-        app = create_app(self.engine, ServerSettings(api_key=api_key))
+        engine: Any = self.engine
+        if loaded is not None:  # the model "loads" until the event is set
+
+            def factory() -> FakeEngine:
+                loaded.wait(20)
+                return self.engine
+
+            engine = Scheduler(factory)
+        app = create_app(engine, ServerSettings(api_key=api_key))
         self.scheduler = app.state.ctx.scheduler
         port = free_port()
         self.url = f"http://127.0.0.1:{port}/"
@@ -204,6 +213,20 @@ def test_api_key_is_asked_once_and_kept(browser):
         errors = page_errors(browser)
         # The refused key's 401 is logged by the browser as a failed load; nothing else.
         assert all("401" in e for e in errors), errors
+
+
+def test_page_waits_for_a_loading_model(browser):
+    loaded = threading.Event()
+    try:
+        with Served(loaded=loaded) as served:
+            browser.get(served.url)
+            wait(browser, lambda d: d.find_element(By.ID, "model").text == "model loading…")
+            assert not browser.find_element(By.ID, "send").is_enabled()
+            loaded.set()
+            wait(browser, lambda d: d.find_element(By.ID, "send").is_enabled())
+            assert browser.find_element(By.ID, "model").text == "fake-model"
+    finally:
+        loaded.set()
 
 
 MARKDOWN = (
