@@ -27,9 +27,10 @@ from mtplx.drafters import Drafter, DraftModelDrafter, LookupFirstDrafter, MTPDr
 from mtplx.drafters.ngram import NgramDrafter
 from mtplx.errors import InvalidParameter
 from mtplx.models.base import LoadedModel, TargetModel
-from mtplx.models.batched import RowOutput, batched_target
+from mtplx.models.batched import RowOutput, SlotRow, SlotTarget, batched_target
 from mtplx.output import TextEmitter
 from mtplx.planner import Plan, StepCosts, draft_source, make_policies, plan_cycle
+from mtplx.prefix_cache import PrefixCache
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
 from mtplx.sampling import mx_distribution_from_logits, mx_sample
 from mtplx.sequence import Event, Sequence
@@ -70,10 +71,19 @@ class Engine:
         prefill_chunk_size: int = 32,
         prefill_budget: int = 256,
         costs: StepCosts | None = None,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         self.model = model
         self.target = model.target
-        self.batched = batched_target(model.target, max_num_seqs)
+        self.batched = batched_target(
+            model.target, max_num_seqs, keep_hidden=prefix_cache_bytes > 0
+        )
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache_bytes > 0:
+            if isinstance(self.batched, SlotTarget):
+                self.prefix_cache = PrefixCache(prefix_cache_bytes)
+            else:
+                logger.warning("no prefix cache for %s: its family has no slot store", model.path)
         self.tokenizer = model.tokenizer
         self.model_name = model.path.name
         self.context_length = model.context_length
@@ -187,6 +197,9 @@ class Engine:
         if drafter is not None:
             drafter.reset(prompt)
         self.running.append(sequence)
+        if self.prefix_cache is not None:
+            self._reuse_prefix(sequence)
+            self.prefix_cache.record_lookup(sequence.stats.cached_tokens)
         return sequence
 
     def abort(self, sequence: Sequence) -> None:
@@ -246,6 +259,8 @@ class Engine:
             if sequence.pending is not None and not sequence.finished:
                 events.extend((sequence, event) for event in self._emit(sequence))
         for sequence in [s for s in self.running if s.finished]:
+            if self.prefix_cache is not None and not sequence.failed:
+                self._cache_prefix(sequence, sequence.row.length)  # the reply too: next turn
             self.abort(sequence)
         self.num_steps += 1
         return events
@@ -325,6 +340,7 @@ class Engine:
             mx.eval(
                 [(out.hidden, accepted, tokens) for out, accepted, tokens in verdicts.values()],
                 [(out.hidden, out.logits) for out in prefilled],
+                self.batched.unevaluated(),
             )
         except Exception as exc:  # the shared forward failed: every row in it fails
             for sequence in rows:
@@ -376,6 +392,10 @@ class Engine:
         at least one token a step while any prompt waits. ``idle``: no stream decodes."""
         budget = min(self.prefill_budget, self.batched.max_packed_rows - num_decode_tokens)
         waiting = [s for s in self.running if not s.prefilled and not s.finished]
+        if self.prefix_cache is not None:
+            for sequence in waiting:
+                self._reuse_prefix(sequence)  # blocks other prompts have fed since
+            waiting = [s for i, s in enumerate(waiting) if not self._fed_by(s, waiting[:i])]
         chunks = []
         for index, sequence in enumerate(waiting):
             # Waiting prompts share the step, so a short one behind a long one starts at once.
@@ -406,8 +426,56 @@ class Engine:
             sequence.prefill_hidden.append(output.hidden)
         sequence.num_prefilled += size
         sequence.stats.prefill_time += seconds
+        if self.prefix_cache is not None:
+            self._cache_prefix(sequence, sequence.num_prefilled)
         if sequence.prefilled:
             self._first_token(sequence, output)
+
+    # -- prefix cache -------------------------------------------------------------------
+
+    def _reuse_prefix(self, sequence: Sequence) -> None:
+        """Load the cached blocks that continue the row's fed prompt tokens. The prompt's
+        last token is always fed (its logits give the first token)."""
+        cache = self.prefix_cache
+        assert cache is not None
+        if sequence.num_prefilled % cache.block_size:
+            return  # blocks start at multiples of the block size
+        blocks = cache.match(sequence.tokens, sequence.num_prompt_tokens - 1)
+        new = blocks[sequence.num_prefilled // cache.block_size :]
+        if not new:
+            return
+        assert isinstance(self.batched, SlotTarget) and isinstance(sequence.row, SlotRow)
+        hidden = self.batched.load_blocks(sequence.row, [block.state for block in new])
+        if sequence.drafter is not None and sequence.drafter.needs_hidden:
+            sequence.prefill_hidden.append(hidden)
+        num_tokens = len(new) * cache.block_size
+        sequence.num_prefilled += num_tokens
+        sequence.stats.cached_tokens += num_tokens
+
+    def _fed_by(self, sequence: Sequence, earlier: list[Sequence]) -> bool:
+        """Whether an earlier waiting prompt will feed the row's next block itself: the row
+        then waits for it to be cached rather than computing it again."""
+        cache = self.prefix_cache
+        assert cache is not None
+        end = sequence.num_prefilled + cache.block_size
+        if sequence.num_prefilled % cache.block_size or end >= sequence.num_prompt_tokens:
+            return False
+        head = sequence.tokens[:end]
+        return any(
+            other.num_prefilled < end <= other.num_prompt_tokens and other.tokens[:end] == head
+            for other in earlier
+        )
+
+    def _cache_prefix(self, sequence: Sequence, num_tokens: int) -> None:
+        """Put the row's whole blocks among its first ``num_tokens`` positions in the cache."""
+        assert self.prefix_cache is not None
+        slots, row = self.batched, sequence.row
+        assert isinstance(slots, SlotTarget) and isinstance(row, SlotRow)
+        self.prefix_cache.insert(
+            sequence.tokens,
+            min(num_tokens, len(sequence.tokens)),
+            lambda start, end: slots.save_block(row, start, end),
+        )
 
     def _prefill(self, events: list[StepEvent]) -> None:
         """Feed admitted prompts in chunks of ``prefill_chunk_size`` (fixed by the prompt
@@ -495,6 +563,7 @@ class Engine:
         """Fail one request: it leaves the batch with its exception as its last event."""
         logger.exception("generation failed", exc_info=exc)
         sequence.finished = True
+        sequence.failed = True
         sequence.pending = None
         events.append((sequence, exc))
 
@@ -507,6 +576,8 @@ class Engine:
 
         self.costs = load_or_calibrate(self)
         self.calibrated = True
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # calibration's own prompts
 
 
 def _drafter_factories(

@@ -78,6 +78,7 @@ class GenerationStats:
     """Per-request counters: the numbers vLLM and llama.cpp export for speculation."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose states came from the prefix cache
     completion_tokens: int = 0
     num_cycles: int = 0  # verify forwards (plain decoding steps count as cycles of depth 0)
     num_drafts: int = 0  # cycles that verified at least one draft token

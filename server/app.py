@@ -60,6 +60,7 @@ def create_app(
         active=lambda: scheduler.active,
         running_sequences=lambda: scheduler.running,
         slow_readers=lambda: scheduler.slow_readers,
+        prefix_cache=lambda: scheduler.prefix_cache,
     )
     scheduler.step_observer = metrics.observe_step
 

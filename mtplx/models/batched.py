@@ -96,6 +96,11 @@ class BatchedTarget(Protocol):
         """Return ``row`` to ``point``."""
         ...
 
+    def unevaluated(self) -> list[mx.array]:
+        """State the last forward updated that no output depends on: evaluate it with the
+        outputs."""
+        ...
+
 
 # -- one forward per row -------------------------------------------------------------------
 
@@ -154,6 +159,10 @@ class PerRowTarget:
         cache_ops.rollback(row.cache, point[0])
         row.length = point[1]
 
+    def unevaluated(self) -> list[mx.array]:
+        """Nothing: every cache update feeds the outputs."""
+        return []
+
 
 # -- packed matmuls, per-row attention over slots -------------------------------------------
 
@@ -186,6 +195,21 @@ class _Group:
 
 
 @dataclass
+class SlotBlockState:
+    """A block of one row's positions, saved for the prefix cache: the KV of every layer and
+    the post-norm hidden states (what the drafters read)."""
+
+    keys: mx.array  # [layers, B, kv_heads, d]
+    values: mx.array  # [layers, B, kv_heads, d + 1]
+    hidden: mx.array  # [B, H]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the three arrays."""
+        return self.keys.nbytes + self.values.nbytes + self.hidden.nbytes
+
+
+@dataclass
 class _SlotStore:
     """KV of every slot for one layer: keys [S, L_cap, kv_heads, d], values
     [S, L_cap, kv_heads, d + 1] (see ``SlotTarget._attention``)."""
@@ -200,8 +224,9 @@ class SlotTarget:
     recurrent = False
     max_packed_rows = INVARIANT_MAX_ROWS
 
-    def __init__(self, target: Any, max_rows: int = 16) -> None:
+    def __init__(self, target: Any, max_rows: int = 16, keep_hidden: bool = False) -> None:
         self.target = target
+        self.keep_hidden = keep_hidden  # store every position's hidden state (prefix cache)
         self.trunk = target.trunk
         self.vocab_size = target.vocab_size
         self.hidden_size = target.hidden_size
@@ -210,6 +235,7 @@ class SlotTarget:
         self._live: dict[int, SlotRow] = {}  # slot -> its row
         self._capacity = 0  # positions allocated per slot
         self._stores: list[_SlotStore] = []
+        self._hidden: mx.array | None = None  # [S, L_cap, H] each position's hidden state
         # An attention product has (heads / kv heads) x (queries) rows: queries go in blocks
         # that keep it within the invariant kernel, like every matmul of a forward of at
         # most INVARIANT_MAX_ROWS tokens, so a prompt's cache is the same bits however it
@@ -249,6 +275,41 @@ class SlotTarget:
         """Back to a length."""
         row.length = point
 
+    # -- prefix cache -------------------------------------------------------------------
+
+    def unevaluated(self) -> list[mx.array]:
+        """State a forward updated that no output depends on (the hidden-state store):
+        evaluate it with the forward's outputs, or its updates pile up unevaluated."""
+        return [] if self._hidden is None else [self._hidden]
+
+    def save_block(self, row: SlotRow, start: int, end: int) -> SlotBlockState:
+        """A copy of the row's states at positions [start, end) (all computed)."""
+        if not 0 <= start < end <= row.length or self._hidden is None:
+            raise ValueError(f"positions [{start}, {end}) are not in the row")
+        state = SlotBlockState(
+            mx.stack([store.keys[row.slot, start:end] for store in self._stores]),
+            mx.stack([store.values[row.slot, start:end] for store in self._stores]),
+            mx.contiguous(self._hidden[row.slot, start:end]),  # a copy, not a view of the store
+        )
+        mx.eval(state.keys, state.values, state.hidden)
+        return state
+
+    def load_blocks(self, row: SlotRow, states: Sequence[SlotBlockState]) -> mx.array:
+        """Append saved blocks to the row, as if their tokens had been fed; returns their
+        hidden states [sum B, H]."""
+        keys = mx.concatenate([state.keys for state in states], axis=1)
+        values = mx.concatenate([state.values for state in states], axis=1)
+        hidden = mx.concatenate([state.hidden for state in states])
+        start, end = row.length, row.length + hidden.shape[0]
+        self._ensure_capacity(end)
+        for layer, store in enumerate(self._stores):
+            store.keys[row.slot, start:end] = keys[layer]
+            store.values[row.slot, start:end] = values[layer]
+        assert self._hidden is not None
+        self._hidden[row.slot, start:end] = hidden
+        row.length = end
+        return hidden
+
     # -- forward ------------------------------------------------------------------------
 
     def forward(
@@ -269,6 +330,7 @@ class SlotTarget:
             x = x + self._attention(layer.self_attn, layer.input_layernorm(x), store, groups)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = inner.norm(x)[0]  # [N, H]
+        self._keep_hidden(rows, counts, hidden)
         for row, count in zip(rows, counts, strict=True):
             row.length += count
         ends = list(itertools.accumulate(counts))
@@ -291,6 +353,19 @@ class SlotTarget:
         for position, index in enumerate(order):
             unsorted[index] = outputs[position]
         return unsorted
+
+    def _keep_hidden(self, rows: list[SlotRow], counts: list[int], hidden: mx.array) -> None:
+        """Store each fed position's hidden state (hidden: [N, H] packed) in its slot."""
+        if self._hidden is None:
+            return
+        positions = [
+            row.slot * self._capacity + row.length + t
+            for row, count in zip(rows, counts, strict=True)
+            for t in range(count)
+        ]
+        flat = self._hidden.reshape(self.max_rows * self._capacity, -1)
+        flat[mx.array(positions, mx.int32)] = hidden
+        self._hidden = flat.reshape(self._hidden.shape)
 
     def _groups(self, rows: list[SlotRow], counts: list[int]) -> list[_Group]:
         """Verify rows (at most VERIFY_TOKENS tokens) in one group, prefill rows in another:
@@ -365,12 +440,16 @@ class SlotTarget:
         grow = (self.max_rows, capacity - self._capacity, kv_heads)
         key_zeros = mx.zeros((*grow, head_dim), dtype)
         value_zeros = mx.zeros((*grow, head_dim + 1), dtype)  # + the constant-1 feature
+        hidden_zeros = mx.zeros((self.max_rows, grow[1], self.hidden_size), dtype)
         if not self._stores:
             self._stores = [_SlotStore(key_zeros, value_zeros) for _ in self.trunk.inner.layers]
+            self._hidden = hidden_zeros if self.keep_hidden else None
         else:
             for store in self._stores:
                 store.keys = mx.concatenate([store.keys, key_zeros], axis=1)
                 store.values = mx.concatenate([store.values, value_zeros], axis=1)
+            if self._hidden is not None:
+                self._hidden = mx.concatenate([self._hidden, hidden_zeros], axis=1)
         self._capacity = capacity
 
     def _attention(
@@ -459,10 +538,11 @@ def _per_row(logits: Sequence[str] | str, rows: Sequence[object]) -> list[str]:
     return wanted
 
 
-def batched_target(target: TargetModel, max_rows: int) -> BatchedTarget:
+def batched_target(target: TargetModel, max_rows: int, keep_hidden: bool = False) -> BatchedTarget:
     """The fastest exact batched form of ``target``: slots for mlx-lm's llama trunks, one
-    forward per row otherwise."""
+    forward per row otherwise. ``keep_hidden``: slots keep every position's hidden state,
+    so that blocks of them can be saved for the prefix cache."""
     trunk = getattr(target, "trunk", None)
     if trunk is not None and trunk.arch == "llama" and type(target).__name__ == "MLXTarget":
-        return SlotTarget(target, max_rows)
+        return SlotTarget(target, max_rows, keep_hidden)
     return PerRowTarget(target)
