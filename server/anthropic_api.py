@@ -23,6 +23,7 @@ __all__ = [
     "AnthropicEvents",
     "CountTokensRequest",
     "MessagesRequest",
+    "anthropic_usage",
     "message_reply",
     "new_message_id",
     "stop_reason",
@@ -175,12 +176,25 @@ def stop_reason(finish_reason: str | None, stop_sequence: str | None) -> str:
     return "stop_sequence" if stop_sequence is not None else "end_turn"
 
 
+def anthropic_usage(usage: dict[str, Any]) -> dict[str, int]:
+    """Anthropic's usage from the OpenAI-style one. As Anthropic counts them,
+    ``input_tokens`` are the prompt tokens computed for this request and
+    ``cache_read_input_tokens`` those the prefix cache served: their sum is the prompt."""
+    cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    return {
+        "input_tokens": usage["prompt_tokens"] - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": usage["completion_tokens"],
+    }
+
+
 def message_reply(
     message_id: str,
     model: str,
     text: str,
     finish: tuple[str | None, str | None],
-    usage: dict[str, int],
+    usage: dict[str, Any],
     mtplx: dict[str, Any],
 ) -> dict[str, Any]:
     """The whole ``message`` object; ``finish`` is (finish_reason, stop_sequence)."""
@@ -193,10 +207,7 @@ def message_reply(
         "content": [{"type": "text", "text": text}],
         "stop_reason": stop_reason(reason, sequence),
         "stop_sequence": sequence,
-        "usage": {
-            "input_tokens": usage["prompt_tokens"],
-            "output_tokens": usage["completion_tokens"],
-        },
+        "usage": anthropic_usage(usage),
         "mtplx": mtplx,
     }
 
@@ -246,13 +257,10 @@ class AnthropicEvents:
         tail = [self._delta(event.text)] if event.text else []
         return [*tail, self._event("content_block_stop", index=0)]
 
-    def closing(self, usage: dict[str, int], mtplx: dict[str, Any]) -> list[SSE]:
+    def closing(self, usage: dict[str, Any], mtplx: dict[str, Any]) -> list[SSE]:
         reason, sequence = self.ended
         delta = {"stop_reason": stop_reason(reason, sequence), "stop_sequence": sequence}
-        counts = {
-            "input_tokens": usage["prompt_tokens"],
-            "output_tokens": usage["completion_tokens"],
-        }
+        counts = anthropic_usage(usage)
         return [
             self._event("message_delta", delta=delta, usage=counts, mtplx=mtplx),
             self._event("message_stop"),

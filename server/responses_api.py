@@ -192,10 +192,12 @@ def renamed_for_responses(error: APIError) -> APIError:
     return APIError(error.status, message, param=param, code=error.code, headers=error.headers)
 
 
-def _usage(usage: dict[str, int]) -> dict[str, Any]:
+def _usage(usage: dict[str, Any]) -> dict[str, Any]:
     return {
         "input_tokens": usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        },
         "output_tokens": usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage["total_tokens"],
@@ -232,7 +234,7 @@ class ResponseBuilder:
         self,
         status: str,
         output: list[dict[str, Any]],
-        usage: dict[str, int] | None = None,
+        usage: dict[str, Any] | None = None,
         mtplx: dict[str, Any] | None = None,
         error: dict[str, str] | None = None,
     ) -> dict[str, Any]:
@@ -274,7 +276,7 @@ class ResponseBuilder:
         return reply
 
     def final(
-        self, text: str, finish_reason: str | None, usage: dict[str, int], mtplx: dict[str, Any]
+        self, text: str, finish_reason: str | None, usage: dict[str, Any], mtplx: dict[str, Any]
     ) -> dict[str, Any]:
         """The finished response: "incomplete" when max_output_tokens cut it."""
         status = "incomplete" if finish_reason == "length" else "completed"
@@ -335,7 +337,7 @@ class ResponsesEvents:
             ),
         ]
 
-    def closing(self, usage: dict[str, int], mtplx: dict[str, Any]) -> list[SSE]:
+    def closing(self, usage: dict[str, Any], mtplx: dict[str, Any]) -> list[SSE]:
         final = self.builder.final(self.text, self.finish_reason, usage, mtplx)
         kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
         return [self._event(kind, response=final)]

@@ -77,7 +77,7 @@ class EventFormat(Protocol):
         """For a choice's finish (its held-back tail text, its stop reason)."""
         ...
 
-    def closing(self, usage: dict[str, int], mtplx: dict[str, Any]) -> list[SSE]:
+    def closing(self, usage: dict[str, Any], mtplx: dict[str, Any]) -> list[SSE]:
         """After every choice finished: usage and speculative statistics, the end marker."""
         ...
 
@@ -120,7 +120,7 @@ class OpenAIChunkEvents:
         events = [data_event(self.formatter.tail(index, event.text))] if event.text else []
         return [*events, data_event(self.formatter.finish(index, event.finish_reason))]
 
-    def closing(self, usage: dict[str, int], mtplx: dict[str, Any]) -> list[SSE]:
+    def closing(self, usage: dict[str, Any], mtplx: dict[str, Any]) -> list[SSE]:
         events = [data_event(self.formatter.usage(usage, mtplx))] if self.include_usage else []
         return [*events, DONE]
 

@@ -41,7 +41,7 @@ async def messages(request: Request) -> Response:
     input_tokens = len(prompt.token_ids)
 
     def build_reply(
-        results: list[ChoiceResult], usage: dict[str, int], mtplx: dict[str, Any]
+        results: list[ChoiceResult], usage: dict[str, Any], mtplx: dict[str, Any]
     ) -> dict[str, Any]:
         result = results[0]
         finish = (result.finish_reason, result.stop_sequence)

@@ -39,7 +39,7 @@ async def responses(request: Request) -> Response:
     builder = ResponseBuilder(body, ctx.model_id())
 
     def build_reply(
-        results: list[ChoiceResult], usage: dict[str, int], mtplx: dict[str, Any]
+        results: list[ChoiceResult], usage: dict[str, Any], mtplx: dict[str, Any]
     ) -> dict[str, Any]:
         result = results[0]
         return builder.final(result.text, result.finish_reason, usage, mtplx)

@@ -181,6 +181,8 @@ function showStats(box, timing, usage, mtplx, note) {
     const seconds = (timing.end - (timing.first ?? timing.start)) / 1000;
     const rate = tokens > 1 && seconds > 0 ? (tokens - 1) / seconds : 0;
     parts.push(`${tokens} tokens`, `${rate.toFixed(1)} tok/s`);
+    const cached = usage.prompt_tokens_details?.cached_tokens;
+    if (cached) parts.push(`prompt ${usage.prompt_tokens} (${cached} cached)`);
   }
   if (mtplx) {
     if (mtplx.drafted > 0) {

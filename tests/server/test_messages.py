@@ -53,7 +53,12 @@ async def test_reply_shape_and_usage(client, engine):
     assert block["type"] == "text"
     assert block["text"] == engine.expected_text(engine.requests[-1])
     prompt_tokens = len(engine.requests[-1].prompt_ids)
-    assert reply["usage"] == {"input_tokens": prompt_tokens, "output_tokens": 12}
+    assert reply["usage"] == {
+        "input_tokens": prompt_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "output_tokens": 12,
+    }
     assert reply["mtplx"]["drafted"] > 0
 
 
@@ -295,3 +300,20 @@ async def test_loading_model_is_overloaded_error_then_served():
     finally:
         gate.set()
         scheduler.stop()
+
+
+def test_usage_counts_prefix_cache_reads_as_anthropic_does():
+    from server.anthropic_api import anthropic_usage
+
+    usage = {
+        "prompt_tokens": 100,
+        "completion_tokens": 7,
+        "total_tokens": 107,
+        "prompt_tokens_details": {"cached_tokens": 64},
+    }
+    assert anthropic_usage(usage) == {
+        "input_tokens": 36,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 64,
+        "output_tokens": 7,
+    }

@@ -177,3 +177,18 @@ async def test_bad_requests(client, request_body, status, param):
     error = r.json()["error"]
     assert error["param"] == param and error["message"]
     assert (await client.post(RESPONSES, json=body(max_output_tokens=2))).status_code == 200
+
+
+def test_usage_reports_cached_prompt_tokens():
+    from server.responses_api import ResponseBuilder, ResponsesRequest
+
+    builder = ResponseBuilder(ResponsesRequest(model=MODEL, input="x"), MODEL)
+    usage = {
+        "prompt_tokens": 100,
+        "completion_tokens": 7,
+        "total_tokens": 107,
+        "prompt_tokens_details": {"cached_tokens": 64},
+    }
+    reply = builder.final("text", "stop", usage, {})
+    assert reply["usage"]["input_tokens"] == 100 and reply["usage"]["total_tokens"] == 107
+    assert reply["usage"]["input_tokens_details"] == {"cached_tokens": 64}
