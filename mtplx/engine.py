@@ -504,7 +504,7 @@ class Engine:
             text = emitter.add(token)
             events.append(_token_event(result, index, token, text, request.logprobs))
             if emitter.stopped:
-                return [*events, self._finish(sequence, "stop")]
+                return [*events, self._finish(sequence, "stop", stop_sequence=emitter.matched)]
             if sequence.num_output_tokens >= request.max_tokens:
                 return [*events, self._finish(sequence, "length", emitter.flush())]
         if sequence.token_counts is not None:
@@ -514,9 +514,11 @@ class Engine:
             return [*events, self._finish(sequence, "length", emitter.flush())]
         return events
 
-    def _finish(self, sequence: Sequence, reason: str, text: str = "") -> FinishEvent:
+    def _finish(
+        self, sequence: Sequence, reason: str, text: str = "", stop_sequence: str | None = None
+    ) -> FinishEvent:
         sequence.finished = True
-        return FinishEvent(reason, sequence.stats, text)  # type: ignore[arg-type]
+        return FinishEvent(reason, sequence.stats, text, stop_sequence)  # type: ignore[arg-type]
 
     def _fail(self, sequence: Sequence, exc: BaseException, events: list[StepEvent]) -> None:
         """Fail one request: it leaves the batch with its exception as its last event."""

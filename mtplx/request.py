@@ -108,8 +108,11 @@ class GenerationStats:
 @dataclass(frozen=True)
 class FinishEvent:
     """The last event of a generation. ``text`` is the tail the detokenizer or a possible
-    stop-string prefix still held back; it belongs after the last token's text."""
+    stop-string prefix still held back; it belongs after the last token's text.
+    ``stop_sequence`` is the stop string that ended the generation (None when EOS, a stop
+    token or a length limit ended it)."""
 
     finish_reason: Literal["stop", "length"]
     stats: GenerationStats
     text: str = ""
+    stop_sequence: str | None = None

@@ -88,6 +88,7 @@ class ChoiceResult:
     text: str = ""
     tokens: list[TokenEvent] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
     stats: GenerationStats | None = None
 
 
@@ -109,6 +110,7 @@ async def collect(
             elif isinstance(event, FinishEvent):
                 result.text += event.text  # the tail the detokenizer held back
                 result.finish_reason = event.finish_reason
+                result.stop_sequence = event.stop_sequence
                 result.stats = event.stats
     return results
 

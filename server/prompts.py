@@ -145,9 +145,20 @@ def _as_token_ids(tokenizer: Any, value: Any) -> list[int]:
     return [int(t) for t in value]
 
 
-def chat_prompt(tokenizer: Any, messages: Sequence[ChatMessage]) -> Prompt:
+def chat_prompt(
+    tokenizer: Any, messages: Sequence[ChatMessage], continue_final: bool = False
+) -> Prompt:
     """Token ids of the conversation under the model's chat template (generation prompt
-    appended). ``developer`` is sent to the template as ``system``."""
+    appended). ``developer`` is sent to the template as ``system``.
+
+    With ``continue_final`` a last assistant message is a prefill (Anthropic's rule): the
+    reply continues that text, so it follows the generation prompt as plain tokens instead of
+    being rendered as a finished turn."""
+    if continue_final and len(messages) > 1 and messages[-1].role == "assistant":
+        head = chat_prompt(tokenizer, messages[:-1])
+        prefill = _message_text(messages[-1], len(messages) - 1)
+        ids = tokenizer.encode(prefill, add_special_tokens=False) if prefill else []
+        return Prompt(head.token_ids + [int(t) for t in ids], "")
     conversation = [
         {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m, i)}
         for i, m in enumerate(messages)
