@@ -30,6 +30,15 @@ SYSTEM = (
     "You are a careful assistant for a small engineering team. Answer in plain language, "
     "keep answers short, give one example when it helps, and say so when you are unsure. "
 )
+# The chat's longer system prompt: with six 120-token replies, turn 6 is ~900 tokens.
+GUIDELINES = (
+    "Guidelines: prefer concrete answers to general advice; when the question is about code, "
+    "name the data structure or function involved and its cost in time and memory; when it is "
+    "about a decision, list the options and the one you would take; never invent facts, "
+    "libraries or figures; when a question is ambiguous, answer the most likely reading and "
+    "say which one you chose; use lists only for three or more items; keep the tone friendly "
+    "and direct, without filler or apologies; end when the question is answered. "
+)
 QUESTIONS = [
     "What is a hash table?",
     "How does it handle collisions?",
@@ -145,7 +154,7 @@ async def chat_turns(
     cached: httpx.AsyncClient, cold: httpx.AsyncClient, turns: int, max_tokens: int, tag: str
 ) -> list[ChatTurn]:
     """The conversation, each turn on the cold server first, then on the cached one."""
-    messages = [{"role": "system", "content": f"Session {tag}. {SYSTEM}"}]
+    messages = [{"role": "system", "content": f"Session {tag}. {SYSTEM}{GUIDELINES}"}]
     results = []
     for turn in range(turns):
         messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
