@@ -110,13 +110,20 @@ class PrefixCache:
             if child is None:
                 child = Block(key, node, save(start, start + self.block_size), depth=node.depth + 1)
                 node.children[key] = child
+                self._recency[child] = None
                 self.stats.num_bytes += child.num_bytes
                 self.stats.num_blocks += 1
                 added += 1
-            self._recency[child] = None
-            self._recency.move_to_end(child)
+                # Evict as blocks come (never more than one block over the budget). The new
+                # block is the most recent leaf: it goes only when nothing but its own path
+                # is left, and every deeper block would then go too (saved for nothing, on
+                # every chunk of a prompt longer than the budget).
+                self._evict()
+                if node.children.get(key) is not child:
+                    return added - 1
+            else:
+                self._recency.move_to_end(child)
             node = child
-        self._evict()
         return added
 
     def clear(self) -> None:
