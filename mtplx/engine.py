@@ -199,7 +199,6 @@ class Engine:
         self.running.append(sequence)
         if self.prefix_cache is not None:
             self._reuse_prefix(sequence)
-            self.prefix_cache.record_lookup(sequence.stats.cached_tokens)
         return sequence
 
     def abort(self, sequence: Sequence) -> None:
@@ -428,6 +427,8 @@ class Engine:
         sequence.stats.prefill_time += seconds
         if self.prefix_cache is not None:
             self._cache_prefix(sequence, sequence.num_prefilled)
+            if sequence.prefilled:  # counted now: blocks fed beside it may be copied late
+                self.prefix_cache.record_lookup(sequence.stats.cached_tokens)
         if sequence.prefilled:
             self._first_token(sequence, output)
 

@@ -91,7 +91,7 @@ class PrefixCache:
         return path
 
     def record_lookup(self, num_tokens: int) -> None:
-        """Count one prompt's lookup that reused ``num_tokens`` tokens (0: a miss)."""
+        """Count one prompt, once prefilled, that reused ``num_tokens`` tokens (0: a miss)."""
         if num_tokens:
             self.stats.hits += 1
             self.stats.hit_tokens += num_tokens

@@ -161,3 +161,20 @@ def test_families_without_slots_run_without_a_cache(tmp_path: Path) -> None:
     assert engine.prefix_cache is None
     tokens, stats = _run(engine, GenerationRequest([5, 6, 7, 8], GREEDY, 4, ignore_eos=True))
     assert len(tokens) == 4 and stats.cached_tokens == 0
+
+
+def test_lookups_count_blocks_copied_from_a_prompt_fed_beside(cold: Engine) -> None:
+    cached = _cached_engine(cold)
+    system = _prompt(6, 4 * BLOCK_SIZE, cold.vocab_size)
+    requests = [
+        GenerationRequest(
+            [*system, *_prompt(200 + i, 3, cold.vocab_size)], GREEDY, 2, drafter="none"
+        )
+        for i in range(3)
+    ]
+    _, last = run_batch(cached, requests)  # the first feeds the blocks, the others copy them
+    served = sum(event.stats.cached_tokens for event in last)  # type: ignore[attr-defined]
+    assert served == 2 * len(system)
+    stats = cached.prefix_cache.stats  # type: ignore[union-attr]
+    # /metrics agrees with the replies' usage: two hits, one miss.
+    assert (stats.hits, stats.misses, stats.hit_tokens) == (2, 1, served)
