@@ -575,8 +575,8 @@ class Engine:
 
         self.costs = load_or_calibrate(self)
         self.calibrated = True
-        if self.prefix_cache is not None:
-            self.prefix_cache.clear()  # calibration's own prompts
+        if self.prefix_cache is not None:  # calibration's own prompts, blocks and counts
+            self.prefix_cache = PrefixCache(self.prefix_cache.max_bytes)
 
 
 def _drafter_factories(

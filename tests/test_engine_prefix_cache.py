@@ -178,3 +178,27 @@ def test_lookups_count_blocks_copied_from_a_prompt_fed_beside(cold: Engine) -> N
     stats = cached.prefix_cache.stats  # type: ignore[union-attr]
     # /metrics agrees with the replies' usage: two hits, one miss.
     assert (stats.hits, stats.misses, stats.hit_tokens) == (2, 1, served)
+
+
+def test_calibration_leaves_no_blocks_nor_counts(
+    cold: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mtplx import calibration
+    from mtplx.engine import DEFAULT_COSTS
+
+    cached = _cached_engine(cold)
+
+    def calibrate(engine: Engine) -> object:  # scratch prompts through the engine
+        for _ in range(2):
+            _run(
+                engine,
+                GenerationRequest(_prompt(7, 2 * BLOCK_SIZE + 1, cold.vocab_size), GREEDY, 2),
+            )
+        return DEFAULT_COSTS
+
+    monkeypatch.setattr(calibration, "load_or_calibrate", calibrate)
+    cached.warm_up()
+    stats = cached.prefix_cache.stats  # type: ignore[union-attr]
+    assert (stats.num_blocks, stats.num_bytes) == (0, 0)
+    # /metrics starts from zero: calibration's lookups are not the server's.
+    assert (stats.hits, stats.misses, stats.hit_tokens, stats.evictions) == (0, 0, 0, 0)
