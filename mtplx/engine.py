@@ -198,7 +198,11 @@ class Engine:
             drafter.reset(prompt)
         self.running.append(sequence)
         if self.prefix_cache is not None:
-            self._reuse_prefix(sequence)
+            try:
+                self._reuse_prefix(sequence)
+            except BaseException:
+                self.abort(sequence)  # the caller fails the request: leave no row behind
+                raise
         return sequence
 
     def abort(self, sequence: Sequence) -> None:
@@ -468,15 +472,19 @@ class Engine:
         )
 
     def _cache_prefix(self, sequence: Sequence, num_tokens: int) -> None:
-        """Put the row's whole blocks among its first ``num_tokens`` positions in the cache."""
+        """Put the row's whole blocks among its first ``num_tokens`` positions in the cache.
+        A failure (memory) only loses the blocks: it fails no request."""
         assert self.prefix_cache is not None
         slots, row = self.batched, sequence.row
         assert isinstance(slots, SlotTarget) and isinstance(row, SlotRow)
-        self.prefix_cache.insert(
-            sequence.tokens,
-            min(num_tokens, len(sequence.tokens)),
-            lambda start, end: slots.save_block(row, start, end),
-        )
+        try:
+            self.prefix_cache.insert(
+                sequence.tokens,
+                min(num_tokens, len(sequence.tokens)),
+                lambda start, end: slots.save_block(row, start, end),
+            )
+        except Exception:
+            logger.exception("could not cache a prefix")
 
     def _prefill(self, events: list[StepEvent]) -> None:
         """Feed admitted prompts in chunks of ``prefill_chunk_size`` (fixed by the prompt

@@ -202,3 +202,36 @@ def test_calibration_leaves_no_blocks_nor_counts(
     assert (stats.num_blocks, stats.num_bytes) == (0, 0)
     # /metrics starts from zero: calibration's lookups are not the server's.
     assert (stats.hits, stats.misses, stats.hit_tokens, stats.evictions) == (0, 0, 0, 0)
+
+
+def test_a_failed_load_of_cached_blocks_leaves_no_row_behind(cold: Engine) -> None:
+    cached = _cached_engine(cold)
+    prompt = _prompt(8, 2 * BLOCK_SIZE + 1, cold.vocab_size)
+    _run(cached, GenerationRequest(prompt, GREEDY, 1, drafter="none"))
+
+    def load_blocks(*args: object) -> None:
+        raise RuntimeError("out of memory")
+
+    cached.batched.load_blocks = load_blocks  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        cached.add(GenerationRequest(prompt, GREEDY, 1, drafter="none"))
+    # The scheduler fails the request; no sequence stays in the batch holding a slot.
+    assert cached.running == []
+    assert len(cached.batched._free) == cached.max_num_seqs  # type: ignore[attr-defined]
+
+
+def test_a_failure_to_cache_a_finished_reply_fails_no_other_row(cold: Engine) -> None:
+    cached = _cached_engine(cold)
+    short = GenerationRequest(
+        _prompt(9, BLOCK_SIZE - 1, cold.vocab_size), GREEDY, 4, drafter="none"
+    )
+    long = GenerationRequest(_prompt(10, 5, cold.vocab_size), GREEDY, 40, drafter="none")
+    expected = _run(cold, long)[0]
+
+    def save_block(*args: object) -> None:
+        raise RuntimeError("out of memory")
+
+    cached.batched.save_block = save_block  # type: ignore[method-assign]
+    got, last = run_batch(cached, [short, long])  # the short one's reply: a whole block
+    assert all(isinstance(event, FinishEvent) for event in last)
+    assert got[1] == expected
