@@ -81,7 +81,7 @@ class Engine:
         self.prefix_cache: PrefixCache | None = None
         if prefix_cache_bytes > 0:
             if isinstance(self.batched, SlotTarget):
-                self.prefix_cache = PrefixCache(prefix_cache_bytes)
+                self.prefix_cache = self._new_prefix_cache(prefix_cache_bytes)
             else:
                 logger.warning("no prefix cache for %s: its family has no slot store", model.path)
         self.tokenizer = model.tokenizer
@@ -459,11 +459,14 @@ class Engine:
 
     def _fed_by(self, sequence: Sequence, earlier: list[Sequence]) -> bool:
         """Whether an earlier waiting prompt will feed the row's next block itself: the row
-        then waits for it to be cached rather than computing it again."""
+        then waits for it to be cached rather than computing it again (not for a block past
+        what the budget keeps: evicted at once, it would only delay the row)."""
         cache = self.prefix_cache
         assert cache is not None
         end = sequence.num_prefilled + cache.block_size
         if sequence.num_prefilled % cache.block_size or end >= sequence.num_prompt_tokens:
+            return False
+        if not cache.can_keep(end // cache.block_size):
             return False
         head = sequence.tokens[:end]
         return any(
@@ -584,7 +587,14 @@ class Engine:
         self.costs = load_or_calibrate(self)
         self.calibrated = True
         if self.prefix_cache is not None:  # calibration's own prompts, blocks and counts
-            self.prefix_cache = PrefixCache(self.prefix_cache.max_bytes)
+            self.prefix_cache = self._new_prefix_cache(self.prefix_cache.max_bytes)
+
+    def _new_prefix_cache(self, max_bytes: int) -> PrefixCache:
+        """An empty prefix cache that knows the size of a block's state."""
+        assert isinstance(self.batched, SlotTarget)
+        cache = PrefixCache(max_bytes)
+        cache.block_bytes = self.batched.block_nbytes(cache.block_size)
+        return cache
 
 
 def _drafter_factories(

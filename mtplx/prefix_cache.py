@@ -74,6 +74,12 @@ class PrefixCache:
         self.root = Block((), None, None)
         self.stats = PrefixCacheStats(max_bytes=max_bytes)
         self._recency: OrderedDict[Block, None] = OrderedDict()  # oldest first
+        self.block_bytes = 0  # bytes of one block's state (all alike); 0: not known yet
+
+    def can_keep(self, num_blocks: int) -> bool:
+        """Whether the budget holds a path of ``num_blocks`` blocks (True while the size
+        of a block is not known)."""
+        return num_blocks * self.block_bytes <= self.max_bytes
 
     def match(self, tokens: Sequence[int], limit: int | None = None) -> list[Block]:
         """The cached blocks of the longest whole-block prefix of ``tokens[:limit]``, from
@@ -111,6 +117,7 @@ class PrefixCache:
                 child = Block(key, node, save(start, start + self.block_size), depth=node.depth + 1)
                 node.children[key] = child
                 self._recency[child] = None
+                self.block_bytes = child.num_bytes
                 self.stats.num_bytes += child.num_bytes
                 self.stats.num_blocks += 1
                 added += 1

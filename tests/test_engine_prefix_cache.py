@@ -235,3 +235,40 @@ def test_a_failure_to_cache_a_finished_reply_fails_no_other_row(cold: Engine) ->
     got, last = run_batch(cached, [short, long])  # the short one's reply: a whole block
     assert all(isinstance(event, FinishEvent) for event in last)
     assert got[1] == expected
+
+
+def _first_token_steps(engine: Engine, requests: list[GenerationRequest]) -> list[int]:
+    """The step at which each request (all admitted together) had its first token."""
+    first: dict[int, int] = {}
+
+    def on_step(step: int, rows: dict) -> None:
+        for index, sequence in rows.items():
+            if sequence.prefilled and index not in first:
+                first[index] = step
+
+    run_batch(engine, requests, on_step=on_step)
+    return [first[index] for index in range(len(requests))]
+
+
+@pytest.mark.parametrize("blocks", [0, 2], ids=["nothing", "two_blocks"])
+def test_prompts_do_not_wait_for_blocks_the_budget_cannot_keep(cold: Engine, blocks: int) -> None:
+    probe = _cached_engine(cold)
+    _run(probe, GenerationRequest(_prompt(4, BLOCK_SIZE + 1, cold.vocab_size), GREEDY, 1))
+    block_bytes = probe.prefix_cache.stats.num_bytes  # type: ignore[union-attr]
+    system = _prompt(11, 12 * BLOCK_SIZE, cold.vocab_size)
+    requests = [
+        GenerationRequest(
+            [*system, *_prompt(300 + i, 3, cold.vocab_size)], GREEDY, 2, drafter="none"
+        )
+        for i in range(4)
+    ]
+    without = _first_token_steps(Engine(cold.model), requests)
+    cached = _cached_engine(cold, max(blocks * block_bytes, 1))  # less than the shared prompt
+    assert cached.prefix_cache.block_bytes == block_bytes  # type: ignore[union-attr]
+    with_cache = _first_token_steps(cached, requests)
+    # Waiting for a prompt fed beside to cache blocks that the budget evicts at once would
+    # only delay the others (each behind the one before it).
+    if blocks == 0:
+        assert with_cache == without
+    else:  # the first goes alone while the others wait for the two blocks they copy
+        assert max(with_cache) <= max(without) + 1

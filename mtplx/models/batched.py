@@ -282,6 +282,19 @@ class SlotTarget:
         evaluate it with the forward's outputs, or its updates pile up unevaluated."""
         return [] if self._hidden is None else [self._hidden]
 
+    def block_nbytes(self, num_positions: int) -> int:
+        """Bytes of a ``save_block`` state of ``num_positions`` positions."""
+        attention = self.trunk.inner.layers[0].self_attn
+        per_position = (
+            len(self.trunk.inner.layers)
+            * attention.n_kv_heads
+            * (
+                2 * attention.head_dim + 1  # keys, values and their constant-1 feature
+            )
+            + self.hidden_size
+        )
+        return num_positions * per_position * self.trunk.inner.embed_tokens.weight.dtype.size
+
     def save_block(self, row: SlotRow, start: int, end: int) -> SlotBlockState:
         """A copy of the row's states at positions [start, end) (all computed)."""
         if not 0 <= start < end <= row.length or self._hidden is None:
