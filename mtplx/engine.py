@@ -30,6 +30,7 @@ from mtplx.models.base import LoadedModel, TargetModel
 from mtplx.models.batched import RowOutput, batched_target
 from mtplx.output import TextEmitter
 from mtplx.planner import Plan, StepCosts, draft_source, make_policies, plan_cycle
+from mtplx.prefix_cache import PrefixCache
 from mtplx.prefix_reuse import PrefixReuse
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
 from mtplx.sampling import mx_distribution_from_logits, mx_sample
@@ -81,7 +82,6 @@ class Engine:
         self.prefix = PrefixReuse.build(
             prefix_cache_bytes, self.batched, prefill_chunk_size, model.path.name
         )
-        self.prefix_cache = None if self.prefix is None else self.prefix.cache
         self.tokenizer = model.tokenizer
         self.model_name = model.path.name
         self.context_length = model.context_length
@@ -157,6 +157,11 @@ class Engine:
         return self.tokenizer.decode([token_id])
 
     @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The prefix cache (None: off), for its counters."""
+        return None if self.prefix is None else self.prefix.cache
+
+    @property
     def has_room(self) -> bool:
         """Whether another sequence can join the batch now."""
         return len(self.running) < self.max_num_seqs
@@ -196,8 +201,11 @@ class Engine:
             drafter.reset(prompt)
         self.running.append(sequence)
         if self.prefix is not None:
-            self.prefix.reuse(sequence)
-            self.prefix.cache.record_lookup(sequence.stats.cached_tokens)
+            try:
+                self.prefix.reuse(sequence)
+            except BaseException:
+                self.abort(sequence)  # the caller fails the request: leave no row behind
+                raise
         return sequence
 
     def abort(self, sequence: Sequence) -> None:
@@ -426,6 +434,8 @@ class Engine:
         sequence.stats.prefill_time += seconds
         if self.prefix is not None:
             self.prefix.remember(sequence, sequence.num_prefilled)
+            if sequence.prefilled:  # counted now: blocks fed beside it may be copied late
+                self.prefix.cache.record_lookup(sequence.stats.cached_tokens)
         if sequence.prefilled:
             self._first_token(sequence, output)
 
@@ -470,6 +480,8 @@ class Engine:
         sequence.num_prefilled += len(chunk)
         if self.prefix is not None:
             self.prefix.remember(sequence, sequence.num_prefilled, (start, output.hidden))
+            if last:
+                self.prefix.cache.record_lookup(sequence.stats.cached_tokens)
         if last:
             self._first_token(sequence, output)
         sequence.stats.prefill_time += time.perf_counter() - started
@@ -538,7 +550,7 @@ class Engine:
         self.costs = load_or_calibrate(self)
         self.calibrated = True
         if self.prefix is not None:
-            self.prefix.cache.clear()  # calibration's own prompts
+            self.prefix.restart()  # calibration's own prompts: blocks and counts
 
 
 def _drafter_factories(

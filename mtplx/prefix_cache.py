@@ -76,6 +76,12 @@ class PrefixCache:
         self.root = Block((), None, None)
         self.stats = PrefixCacheStats(max_bytes=max_bytes)
         self._recency: OrderedDict[Block, None] = OrderedDict()  # oldest first
+        self.block_bytes = 0  # bytes of one block's state (all alike); 0: not known yet
+
+    def can_keep(self, num_blocks: int) -> bool:
+        """Whether the budget holds a path of ``num_blocks`` blocks (True while the size
+        of a block is not known)."""
+        return num_blocks * self.block_bytes <= self.max_bytes
 
     def match(self, tokens: Sequence[int], limit: int | None = None) -> list[Block]:
         """The cached blocks of the longest whole-block prefix of ``tokens[:limit]``, from
@@ -93,7 +99,7 @@ class PrefixCache:
         return path
 
     def record_lookup(self, num_tokens: int) -> None:
-        """Count one prompt's lookup that reused ``num_tokens`` tokens (0: a miss)."""
+        """Count one prompt, once prefilled, that reused ``num_tokens`` tokens (0: a miss)."""
         if num_tokens:
             self.stats.hits += 1
             self.stats.hit_tokens += num_tokens
@@ -119,13 +125,21 @@ class PrefixCache:
                     break
                 child = Block(key, node, state, depth=node.depth + 1)
                 node.children[key] = child
+                self._recency[child] = None
+                self.block_bytes = child.num_bytes
                 self.stats.num_bytes += child.num_bytes
                 self.stats.num_blocks += 1
                 added += 1
-            self._recency[child] = None
-            self._recency.move_to_end(child)
+                # Evict as blocks come (never more than one block over the budget). The new
+                # block is the most recent leaf: it goes only when nothing but its own path
+                # is left, and every deeper block would then go too (saved for nothing, on
+                # every chunk of a prompt longer than the budget).
+                self._evict()
+                if node.children.get(key) is not child:
+                    return added - 1
+            else:
+                self._recency.move_to_end(child)
             node = child
-        self._evict()
         return added
 
     def clear(self) -> None:

@@ -29,6 +29,7 @@ class PrefixReuse:
         self.target = target
         self.caches_replies = isinstance(target, SlotTarget)
         self.stride = cache.block_size if self.caches_replies else prefill_chunk_size
+        self._learn_block_size()
 
     @classmethod
     def build(
@@ -50,6 +51,16 @@ class PrefixReuse:
             )
             return None
         return cls(PrefixCache(max_bytes), target, prefill_chunk_size)
+
+    def _learn_block_size(self) -> None:
+        """Tell the cache a block's size up front when the target knows it."""
+        if isinstance(self.target, SlotTarget):
+            self.cache.block_bytes = self.target.block_nbytes(self.cache.block_size)
+
+    def restart(self) -> None:
+        """An empty cache with fresh counters (after calibration's own prompts)."""
+        self.cache = PrefixCache(self.cache.max_bytes, self.cache.block_size)
+        self._learn_block_size()
 
     def reuse(self, sequence: Sequence) -> None:
         """Load the cached blocks that continue the row's fed prompt, up to the last place
@@ -73,9 +84,12 @@ class PrefixReuse:
 
     def fed_by(self, sequence: Sequence, earlier: list[Sequence]) -> bool:
         """Whether an earlier waiting prompt will feed the row's next stride itself: the row
-        then waits for it to be cached rather than computing it again."""
+        then waits for it to be cached rather than computing it again (not for blocks past
+        what the budget keeps: evicted at once, they would only delay the row)."""
         end = sequence.num_prefilled + self.stride
         if sequence.num_prefilled % self.stride or end >= sequence.num_prompt_tokens:
+            return False
+        if not self.cache.can_keep(end // self.cache.block_size):
             return False
         head = sequence.tokens[:end]
         return any(
@@ -97,4 +111,7 @@ class PrefixReuse:
                 hidden = chunk[1][start - chunk[0] : end - chunk[0]]
             return self.target.save_block(row, start, end, hidden)  # type: ignore[attr-defined]
 
-        self.cache.insert(sequence.tokens, min(num_tokens, len(sequence.tokens)), save)
+        try:
+            self.cache.insert(sequence.tokens, min(num_tokens, len(sequence.tokens)), save)
+        except Exception:
+            logger.exception("could not cache a prefix")

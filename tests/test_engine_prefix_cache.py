@@ -185,3 +185,114 @@ def test_families_whose_caches_cannot_be_saved_run_without_a_cache(tmp_path: Pat
     assert engine.prefix_cache is None
     tokens, stats = _run(engine, GenerationRequest([5, 6, 7, 8], GREEDY, 4, ignore_eos=True))
     assert len(tokens) == 4 and stats.cached_tokens == 0
+
+
+def test_lookups_count_blocks_copied_from_a_prompt_fed_beside(cold: Engine) -> None:
+    cached = _cached_engine(cold)
+    system = _prompt(6, 4 * BLOCK_SIZE, cold.vocab_size)
+    requests = [
+        GenerationRequest(
+            [*system, *_prompt(200 + i, 3, cold.vocab_size)], GREEDY, 2, drafter="none"
+        )
+        for i in range(3)
+    ]
+    _, last = run_batch(cached, requests)  # the first feeds the blocks, the others copy them
+    served = sum(event.stats.cached_tokens for event in last)  # type: ignore[attr-defined]
+    assert served == 2 * len(system)
+    stats = cached.prefix_cache.stats  # type: ignore[union-attr]
+    # /metrics agrees with the replies' usage: two hits, one miss.
+    assert (stats.hits, stats.misses, stats.hit_tokens) == (2, 1, served)
+
+
+def test_calibration_leaves_no_blocks_nor_counts(
+    cold: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mtplx import calibration
+    from mtplx.engine import DEFAULT_COSTS
+
+    cached = _cached_engine(cold)
+
+    def calibrate(engine: Engine) -> object:  # scratch prompts through the engine
+        for _ in range(2):
+            _run(
+                engine,
+                GenerationRequest(_prompt(7, 2 * BLOCK_SIZE + 1, cold.vocab_size), GREEDY, 2),
+            )
+        return DEFAULT_COSTS
+
+    monkeypatch.setattr(calibration, "load_or_calibrate", calibrate)
+    cached.warm_up()
+    stats = cached.prefix_cache.stats  # type: ignore[union-attr]
+    assert (stats.num_blocks, stats.num_bytes) == (0, 0)
+    # /metrics starts from zero: calibration's lookups are not the server's.
+    assert (stats.hits, stats.misses, stats.hit_tokens, stats.evictions) == (0, 0, 0, 0)
+
+
+def test_a_failed_load_of_cached_blocks_leaves_no_row_behind(cold: Engine) -> None:
+    cached = _cached_engine(cold)
+    prompt = _prompt(8, 2 * BLOCK_SIZE + 1, cold.vocab_size)
+    _run(cached, GenerationRequest(prompt, GREEDY, 1, drafter="none"))
+
+    def load_blocks(*args: object) -> None:
+        raise RuntimeError("out of memory")
+
+    cached.batched.load_blocks = load_blocks  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        cached.add(GenerationRequest(prompt, GREEDY, 1, drafter="none"))
+    # The scheduler fails the request; no sequence stays in the batch holding a slot.
+    assert cached.running == []
+    assert len(cached.batched._free) == cached.max_num_seqs  # type: ignore[attr-defined]
+
+
+def test_a_failure_to_cache_a_finished_reply_fails_no_other_row(cold: Engine) -> None:
+    cached = _cached_engine(cold)
+    short = GenerationRequest(
+        _prompt(9, BLOCK_SIZE - 1, cold.vocab_size), GREEDY, 4, drafter="none"
+    )
+    long = GenerationRequest(_prompt(10, 5, cold.vocab_size), GREEDY, 40, drafter="none")
+    expected = _run(cold, long)[0]
+
+    def save_block(*args: object) -> None:
+        raise RuntimeError("out of memory")
+
+    cached.batched.save_block = save_block  # type: ignore[method-assign]
+    got, last = run_batch(cached, [short, long])  # the short one's reply: a whole block
+    assert all(isinstance(event, FinishEvent) for event in last)
+    assert got[1] == expected
+
+
+def _first_token_steps(engine: Engine, requests: list[GenerationRequest]) -> list[int]:
+    """The step at which each request (all admitted together) had its first token."""
+    first: dict[int, int] = {}
+
+    def on_step(step: int, rows: dict) -> None:
+        for index, sequence in rows.items():
+            if sequence.prefilled and index not in first:
+                first[index] = step
+
+    run_batch(engine, requests, on_step=on_step)
+    return [first[index] for index in range(len(requests))]
+
+
+@pytest.mark.parametrize("blocks", [0, 2], ids=["nothing", "two_blocks"])
+def test_prompts_do_not_wait_for_blocks_the_budget_cannot_keep(cold: Engine, blocks: int) -> None:
+    probe = _cached_engine(cold)
+    _run(probe, GenerationRequest(_prompt(4, BLOCK_SIZE + 1, cold.vocab_size), GREEDY, 1))
+    block_bytes = probe.prefix_cache.stats.num_bytes  # type: ignore[union-attr]
+    system = _prompt(11, 12 * BLOCK_SIZE, cold.vocab_size)
+    requests = [
+        GenerationRequest(
+            [*system, *_prompt(300 + i, 3, cold.vocab_size)], GREEDY, 2, drafter="none"
+        )
+        for i in range(4)
+    ]
+    without = _first_token_steps(Engine(cold.model), requests)
+    cached = _cached_engine(cold, max(blocks * block_bytes, 1))  # less than the shared prompt
+    assert cached.prefix_cache.block_bytes == block_bytes  # type: ignore[union-attr]
+    with_cache = _first_token_steps(cached, requests)
+    # Waiting for a prompt fed beside to cache blocks that the budget evicts at once would
+    # only delay the others (each behind the one before it).
+    if blocks == 0:
+        assert with_cache == without
+    else:  # the first goes alone while the others wait for the two blocks they copy
+        assert max(with_cache) <= max(without) + 1

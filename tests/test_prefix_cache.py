@@ -84,3 +84,24 @@ def test_clear_and_a_zero_budget() -> None:
     assert cache.match(list(range(8))) == [] and cache.stats.num_bytes == 0
     with pytest.raises(ValueError):
         PrefixCache(0)
+
+
+def test_a_prompt_longer_than_the_budget_is_not_saved_again_at_every_chunk() -> None:
+    cache = PrefixCache(300, block_size=BLOCK)  # three blocks
+    tokens = list(range(40 * BLOCK))
+    calls: list[tuple[int, int]] = []
+    held: list[int] = []
+
+    def save(start: int, end: int) -> FakeState:
+        held.append(cache.stats.num_bytes)  # what the cache holds while a block is saved
+        return _saver(calls)(start, end)
+
+    for fed in range(BLOCK, len(tokens) + 1, BLOCK):  # chunked prefill caches each chunk
+        cache.insert(tokens, fed, save)
+    # The first three blocks stay; a later one is saved once (and evicted), not again for
+    # every chunk after it (quadratic in the prompt's length).
+    assert len(cache.match(tokens)) == 3
+    assert len(calls) <= 2 * 40
+    # One insert of a whole reply never holds more than the budget besides the new block.
+    cache.insert([7, *tokens], len(tokens) + 1, save)
+    assert max(held) <= 300 and cache.stats.num_bytes <= 300

@@ -372,6 +372,19 @@ class SlotTarget:
         evaluate it with the forward's outputs, or its updates pile up unevaluated."""
         return [] if self._hidden is None else [self._hidden]
 
+    def block_nbytes(self, num_positions: int) -> int:
+        """Bytes of a ``save_block`` state of ``num_positions`` positions."""
+        attention = self.trunk.inner.layers[0].self_attn
+        per_position = (
+            len(self.trunk.inner.layers)
+            * attention.n_kv_heads
+            * (
+                2 * attention.head_dim + 1  # keys, values and their constant-1 feature
+            )
+            + self.hidden_size
+        )
+        return num_positions * per_position * self.trunk.inner.embed_tokens.weight.dtype.size
+
     saves_blocks = True
 
     def save_block(
