@@ -103,6 +103,8 @@ class ServerSettings(BaseSettings):
     @field_validator("prefix_cache_bytes", mode="before")
     @classmethod
     def _byte_size(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # YAML's yes / true would pass as 1 byte
+            raise ValueError("a size is a number of bytes, or with K, M, G or T")
         return parse_byte_size(value) if isinstance(value, str) else value
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")

@@ -146,7 +146,7 @@ def test_prefix_cache_bytes_takes_sizes(text, expected, tmp_path, monkeypatch):
     assert load_settings(config).prefix_cache_bytes == expected
 
 
-@pytest.mark.parametrize("text", ["lots", "-1", "5X"])
+@pytest.mark.parametrize("text", ["lots", "-1", "5X", True])
 def test_prefix_cache_bytes_refuses_what_is_not_a_size(text):
     with pytest.raises(ValidationError):
         load_settings(None, {"prefix_cache_bytes": text})
