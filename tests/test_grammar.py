@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from mtplx.engine import Engine
 from mtplx.errors import InvalidParameter
@@ -22,7 +23,7 @@ from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.tokenizer import IM_END_ID
 from tests.fixtures.variants import untie_lm_head
 from tests.test_engine_batching import run_batch
-from tests.test_speculative import _chi_square_pvalue, _next_logits_from_history
+from tests.test_speculative import _next_logits_from_history
 
 GREEDY = SamplerConfig(temperature=0.0)
 SIGNIFICANCE = 1e-3
@@ -37,6 +38,27 @@ FINISHING = GrammarSpec("lark", 'start: ("!" | "\\"#" | "%")* "$"')
 # OPEN: one or more of "!", "\"#"; complete after each, so a stop token may end it.
 OPEN = GrammarSpec("lark", 'start: ("!" | "\\"#")+')
 STOP = 11
+
+
+def _chi_square_pvalue(observed: dict, exact: dict, num_runs: int) -> float:
+    """Chi-square over outputs, pooling those expected fewer than 5 times into one cell (left
+    out when it expects nothing: a grammar makes many outputs impossible)."""
+    impossible = sum(observed.get(s, 0) for s, p in exact.items() if p == 0.0)
+    assert impossible == 0, "impossible output"
+    assert sum(observed.values()) == num_runs
+    expected, counts = [], []
+    pooled_expected = pooled_count = 0.0
+    for sequence, probability in exact.items():
+        if probability * num_runs < 5:
+            pooled_expected += probability * num_runs
+            pooled_count += observed.get(sequence, 0)
+        else:
+            expected.append(probability * num_runs)
+            counts.append(observed.get(sequence, 0))
+    if pooled_expected > 0:
+        expected.append(pooled_expected)
+        counts.append(pooled_count)
+    return stats.chisquare(counts, expected).pvalue
 
 
 def _finishing_next(prefix: tuple[int, ...]) -> set[int] | None:
