@@ -52,6 +52,14 @@ def _data(chunk: dict[str, Any]) -> dict[str, str]:
     return {"data": json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))}
 
 
+def _all(chunks: dict[str, Any] | list[dict[str, Any]] | None) -> list[dict[str, str]]:
+    """A formatter may answer one chunk, several (tool-call deltas) or none (text held
+    back while it may be a tool call)."""
+    if chunks is None:
+        return []
+    return [_data(chunk) for chunk in (chunks if isinstance(chunks, list) else [chunks])]
+
+
 async def stream_chunks(
     ticket: Ticket,
     formatter: ChunkFormatter,
@@ -108,12 +116,15 @@ async def _stream_chunks(
                     if on_token is not None:  # counted as it is handed to the transport
                         on_token()
                     if event.text or formatter.wants_logprobs:
-                        yield _data(formatter.token(index, event))
+                        for data in _all(formatter.token(index, event)):
+                            yield data
                 elif isinstance(event, FinishEvent):
                     stats.append(event.stats)
                     if event.text:
-                        yield _data(formatter.tail(index, event.text))
-                    yield _data(formatter.finish(index, event.finish_reason))
+                        for data in _all(formatter.tail(index, event.text)):
+                            yield data
+                    for data in _all(formatter.finish(index, event.finish_reason)):
+                        yield data
         except SchedulerError as exc:
             # The status line went out as 200: the error is an event, and the stream still
             # ends the way clients wait for.
