@@ -127,7 +127,7 @@ def plan_tools(body: ChatCompletionRequest, tokenizer: Any) -> ToolPlan | None:
     """The request's ToolPlan; None without tools or with ``tool_choice: none``."""
     choice = body.tool_choice
     if not body.tools:
-        if choice not in (None, "none", "auto"):
+        if choice not in (None, "none"):
             raise APIError(
                 400, "tool_choice needs tools", param="tool_choice", code="invalid_value"
             )
