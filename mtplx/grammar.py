@@ -50,7 +50,8 @@ class GrammarSpec:
         """JSON text valid under ``schema`` (a dict, or a boolean schema)."""
         if not isinstance(schema, (dict, bool)):
             raise InvalidParameter(param, f"the JSON schema must be an object, got {schema!r}")
-        return cls("json_schema", json.dumps(schema, sort_keys=True), param)
+        # Key order kept: llguidance generates properties in the order the schema lists them.
+        return cls("json_schema", json.dumps(schema), param)
 
     def llguidance_grammar(self) -> str:
         """The grammar in llguidance's serialised form."""
@@ -169,7 +170,7 @@ class GrammarState:
         if self.finished:
             return None
         bitmask = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        bits = np.unpackbits(bitmask, bitorder="little").astype(bool)
+        bits = np.unpackbits(bitmask, bitorder="little").view(bool)
         allowed = np.zeros(self.vocab_size, dtype=bool)
         width = min(self.vocab_size, bits.shape[0])
         allowed[:width] = bits[:width]

@@ -160,3 +160,74 @@ async def test_auto_tools_and_tool_history_render(client: Any) -> None:
     r = await client.post(CHAT, json={**body, "tool_choice": "none"})
     assert r.status_code == 200, r.text
     assert "tool_calls" not in r.json()["choices"][0]["message"]
+
+
+# A Hermes-style template (Qwen's form, cut down): tools in the system turn, calls as
+# <tool_call> JSON </tool_call>, tool results as "tool" turns.
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>"
+    "{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>\n"
+    'Reply with <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call><|im_end|>\n{% endif %}'
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}<tool_call>\n"
+    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
+    "\n</tool_call>{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def hermes_engine(tiny_checkpoint: Any, tmp_path_factory: Any) -> Any:
+    """The tiny model under HERMES_TEMPLATE."""
+    import shutil
+
+    from mtplx.engine import Engine
+    from mtplx.models import load
+
+    directory = tmp_path_factory.mktemp("hermes") / "model"
+    shutil.copytree(tiny_checkpoint, directory)
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = HERMES_TEMPLATE
+    config_path.write_text(json.dumps(config))
+    return Engine(load(directory))
+
+
+async def test_native_hermes_template_renders_tools_and_parses_calls(
+    make_app: Any, hermes_engine: Any
+) -> None:
+    from server.tools import HERMES, call_style
+
+    assert call_style(hermes_engine.tokenizer) == HERMES
+    app = make_app(hermes_engine, served_model_name=MODEL)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+        body = chat(tools=[UNIT], tool_choice="required", max_tokens=128, seed=2, temperature=1.0)
+        body["parallel_tool_calls"] = False  # one call: the grammar ends after it
+        r = await client.post(CHAT, json=body)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        call = choice["message"]["tool_calls"][0]["function"]
+        assert call["name"] == "set_unit"
+        assert json.loads(call["arguments"])["unit"] in ("c", "f")
+        # A history with a call and its result renders through the template.
+        history = [
+            {"role": "user", "content": "Set the unit."},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "set_unit", "arguments": '{"unit": "f"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ]
+        r = await client.post(
+            CHAT, json={"model": MODEL, "messages": history, "tools": [UNIT], "max_tokens": 4}
+        )
+        assert r.status_code == 200, r.text
