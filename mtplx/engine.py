@@ -527,6 +527,10 @@ class Engine:
 
         self.costs = load_or_calibrate(self)
         self.calibrated = True
+        try:
+            self.grammars.warm()
+        except Exception:  # a tokenizer llguidance cannot read: constrained requests fail alone
+            logger.warning("constrained decoding is unavailable for this tokenizer", exc_info=True)
 
 
 def _drafter_factories(

@@ -112,6 +112,12 @@ class GrammarCompiler:
         self._compiled: OrderedDict[GrammarSpec, Any] = OrderedDict()
         self._lock = threading.Lock()
 
+    def warm(self) -> None:
+        """Build the llguidance tokenizer now (server start), not in the first constrained
+        request, where it would hold up the whole batch for about a second."""
+        with self._lock:
+            self._llguidance_tokenizer()
+
     def _llguidance_tokenizer(self) -> Any:
         if self._ll_tokenizer is None:
             import llguidance.hf
