@@ -66,8 +66,10 @@ class ToolPlan:
         return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
     def grammar(self) -> GrammarSpec | None:
-        """The constraint for ``required`` / a named function; None for ``auto``."""
-        if self.choice == "auto":
+        """The constraint for ``required`` / a named function. For ``auto``: in the generic
+        format, text that does not open with ``{``, or a well-formed call (so a reply that
+        starts a call always parses); native formats are left free."""
+        if self.choice == "auto" and self.native:
             return None
         tools = [t for t in self.tools if self.choice != "function" or t.function.name == self.name]
         key = "parameters" if self.style == LLAMA else "arguments"
@@ -99,7 +101,14 @@ class ToolPlan:
                 "required": ["tool_calls"],
                 "additionalProperties": False,
             }
-        return GrammarSpec.json_schema({**call, "x-guidance": JSON_OPTIONS}, param="tool_choice")
+        call = {**call, "x-guidance": JSON_OPTIONS}
+        if self.choice == "auto":
+            # Leading whitespace is text's: a JSON call starts the reply at once.
+            text = r"TEXT: /\s*[^{\s][\s\S]*/"
+            return GrammarSpec(
+                "lark", f"start: TEXT | call\n{text}\ncall: %json {json.dumps(call)}"
+            )
+        return GrammarSpec.json_schema(call, param="tool_choice")
 
 
 def _template(tokenizer: Any) -> str:

@@ -87,6 +87,16 @@ async def chat_completions(request: Request) -> Response:
         chat_prompt, engine.tokenizer, body.messages, conversation, tools
     )
     grammar = plan.grammar() if plan is not None else None
+    options = body.mtplx
+    if (
+        plan is not None
+        and plan.choice == "auto"
+        and (
+            body.response_format not in (None, {"type": "text"})
+            or (options is not None and (options.regex or options.grammar))
+        )
+    ):
+        grammar = None  # the request's own constraint shapes a reply that calls no tool
     requests = build_requests(body, [prompt], engine, ctx.settings, grammar)
     ticket = submit(ctx.scheduler, requests, aliases_for(body))
     model = ctx.model_id()

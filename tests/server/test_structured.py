@@ -231,3 +231,18 @@ async def test_native_hermes_template_renders_tools_and_parses_calls(
             CHAT, json={"model": MODEL, "messages": history, "tools": [UNIT], "max_tokens": 4}
         )
         assert r.status_code == 200, r.text
+
+
+async def test_auto_tools_reply_is_text_or_a_call_that_parses(client: Any) -> None:
+    """Generic format, tool_choice auto: text that does not open with "{", or a call."""
+    body = chat(tools=[UNIT], max_tokens=96, temperature=1.0, seed=11, n=6)
+    body["parallel_tool_calls"] = False
+    r = await client.post(CHAT, json=body)
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        message = choice["message"]
+        if choice["finish_reason"] == "tool_calls":
+            arguments = json.loads(message["tool_calls"][0]["function"]["arguments"])
+            assert arguments["unit"] in ("c", "f")
+        else:
+            assert not message["content"].lstrip().startswith("{"), message

@@ -142,7 +142,10 @@ def test_required_grammars_are_valid(style: str, choice: str) -> None:
     ).grammar()
     assert spec is not None
     check_grammar(spec)
-    assert plan(style).grammar() is None  # auto: unconstrained
+    auto = plan(style).grammar()
+    assert (auto is None) == (style != GENERIC)  # auto: only the generic format is shaped
+    if auto is not None:
+        check_grammar(auto)
 
 
 class Chunks:
