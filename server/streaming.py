@@ -21,8 +21,13 @@ from server.generation import error_for, speculative_summary, usage
 __all__ = ["ChunkFormatter", "sse_response", "stream_chunks"]
 
 
+Chunks = dict[str, Any] | list[dict[str, Any]] | None
+
+
 class ChunkFormatter(Protocol):
-    """Builds the JSON chunks of one streaming reply."""
+    """Builds the JSON chunks of one streaming reply. ``token``, ``tail`` and ``finish`` may
+    answer several chunks or none (a reply with tools holds text back while it may be a
+    tool call)."""
 
     wants_logprobs: bool
 
@@ -30,16 +35,16 @@ class ChunkFormatter(Protocol):
         """The first chunk of a choice (chat: the role delta; completions: echo), or None."""
         ...
 
-    def token(self, index: int, event: TokenEvent) -> dict[str, Any]:
+    def token(self, index: int, event: TokenEvent) -> Chunks:
         """A chunk carrying one token's text (and logprobs when asked)."""
         ...
 
-    def tail(self, index: int, text: str) -> dict[str, Any]:
+    def tail(self, index: int, text: str) -> Chunks:
         """A chunk carrying text that belongs to no single token: the tail the detokenizer
         (or a possible stop-string prefix) held back until the choice ended."""
         ...
 
-    def finish(self, index: int, reason: str) -> dict[str, Any]:
+    def finish(self, index: int, reason: str) -> Chunks:
         """The last chunk of a choice, carrying finish_reason."""
         ...
 
@@ -52,7 +57,7 @@ def _data(chunk: dict[str, Any]) -> dict[str, str]:
     return {"data": json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))}
 
 
-def _all(chunks: dict[str, Any] | list[dict[str, Any]] | None) -> list[dict[str, str]]:
+def _all(chunks: Chunks) -> list[dict[str, str]]:
     """A formatter may answer one chunk, several (tool-call deltas) or none (text held
     back while it may be a tool call)."""
     if chunks is None:

@@ -64,9 +64,11 @@ class ToolCallStream:
         return self.choices.setdefault(index, _Choice())
 
     def begin(self, index: int) -> dict[str, Any] | None:
+        """The role delta."""
         return self.chunks.begin(index)
 
     def token(self, index: int, event: TokenEvent) -> dict[str, Any] | None:
+        """The content that may go out now (None: held back)."""
         out = self._choice(index).add(event.text)
         if not out and not self.wants_logprobs:
             return None
@@ -75,10 +77,12 @@ class ToolCallStream:
         return chunk
 
     def tail(self, index: int, text: str) -> dict[str, Any] | None:
+        """The detokenizer's tail, held back like any text."""
         out = self._choice(index).add(text)
         return self.chunks.tail(index, out) if out else None
 
     def finish(self, index: int, reason: str) -> list[dict[str, Any]]:
+        """Held text as content, or the calls as tool-call deltas; then the finish chunk."""
         choice = self._choice(index)
         content, calls = parse_tool_calls(choice.sent + choice.held, self.plan)
         out: list[dict[str, Any]] = []
@@ -95,4 +99,5 @@ class ToolCallStream:
         return [*out, self.chunks.finish(index, "tool_calls")]
 
     def usage(self, usage: dict[str, int], mtplx: dict[str, Any]) -> dict[str, Any]:
+        """The usage chunk, unchanged."""
         return self.chunks.usage(usage, mtplx)

@@ -196,11 +196,12 @@ def _arguments(text: str) -> Any:
 
 
 def render_conversation(
-    messages: list[ChatMessage], plan: ToolPlan | None
+    messages: list[ChatMessage], plan: ToolPlan | None, style: str = GENERIC
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The conversation as chat-template messages, and the tools for the template (None
-    when the template does not render them)."""
-    native = plan is None or plan.native
+    when the template does not render them). ``style``: the template's call syntax (it
+    decides how a history's calls render when the request offers no tools)."""
+    native = plan.native if plan is not None else style != GENERIC
     names: dict[str, str] = {}
     conversation: list[dict[str, Any]] = []
     for index, message in enumerate(messages):

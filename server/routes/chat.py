@@ -18,7 +18,7 @@ from server.prompts import chat_prompt, check_prompt_size, in_tokenizer_thread
 from server.routes.common import new_id, respond
 from server.schemas import ChatCompletionRequest
 from server.tool_stream import ToolCallStream
-from server.tools import parse_tool_calls, plan_tools, render_conversation
+from server.tools import call_style, parse_tool_calls, plan_tools, render_conversation
 
 router = APIRouter()
 
@@ -82,7 +82,7 @@ async def chat_completions(request: Request) -> Response:
     check_common(body, ctx.settings, ctx.model_names())
     check_prompt_size(body, engine.context_length)
     plan = plan_tools(body, engine.tokenizer)
-    conversation, tools = render_conversation(body.messages, plan)
+    conversation, tools = render_conversation(body.messages, plan, call_style(engine.tokenizer))
     prompt = await in_tokenizer_thread(
         chat_prompt, engine.tokenizer, body.messages, conversation, tools
     )
