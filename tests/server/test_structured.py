@@ -246,3 +246,17 @@ async def test_auto_tools_reply_is_text_or_a_call_that_parses(client: Any) -> No
             assert arguments["unit"] in ("c", "f")
         else:
             assert not message["content"].lstrip().startswith("{"), message
+
+
+async def test_constrained_reply_with_logprobs_and_a_stop_string(client: Any) -> None:
+    response_format = {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}
+    body = chat(
+        response_format=response_format, logprobs=True, top_logprobs=2, max_tokens=64, stop=['"n"']
+    )
+    r = await client.post(CHAT, json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"]["content"].startswith('{"ok":')  # cut by the stop string
+    content = choice["logprobs"]["content"]
+    assert content and all(len(entry["top_logprobs"]) == 2 for entry in content)
