@@ -63,6 +63,17 @@ def rollback(cache: list[Any], point: CacheCheckpoint) -> None:
             _restore_state(layer, state)
 
 
+def snapshot(layer: Any) -> Any:
+    """The state of one recurrent layer cache, to ``restore`` into a layer of the same kind
+    (another sequence's, for the prefix cache)."""
+    return _copy_state(layer)
+
+
+def restore(layer: Any, saved: Any) -> None:
+    """Set a recurrent layer cache to a ``snapshot``."""
+    _restore_state(layer, saved)
+
+
 def _copy_state(layer: Any) -> Any:
     """A snapshot of a non-trimmable layer cache: its attributes, with lists copied (mlx-lm's
     ArraysCache replaces list items in place). Sound because these caches rebind arrays

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from mtplx import serve as serve_commands
 from mtplx.bench import cli as bench_commands
+from mtplx.bench import prefix_bench
 
 
 def _inspect(model: str) -> int:
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     serve_commands.add_generate_parser(commands)
     bench_commands.add_bench_parser(commands)
     bench_commands.add_bench_serve_parser(commands)
+    prefix_bench.add_parser(commands)
     inspect_parser = commands.add_parser(
         "inspect",
         help="describe a checkpoint: architecture, size, MTP heads, compatibility tier",
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         from mtplx.bench import serve_bench
 
         return serve_bench.main(args)
+    if args.command == "bench-prefix":
+        return prefix_bench.main(args)
     if args.command == "inspect":
         return _inspect(args.model)
     return 0

@@ -31,6 +31,7 @@ from mtplx.models.base import LoadedModel, TargetModel
 from mtplx.models.batched import RowOutput, batched_target
 from mtplx.output import TextEmitter
 from mtplx.planner import Plan, StepCosts, draft_source, make_policies, plan_cycle
+from mtplx.prefix_reuse import PrefixReuse
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
 from mtplx.sampling import mx_distribution_from_logits, mx_sample
 from mtplx.sequence import Event, Sequence
@@ -71,10 +72,17 @@ class Engine:
         prefill_chunk_size: int = 32,
         prefill_budget: int = 256,
         costs: StepCosts | None = None,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         self.model = model
         self.target = model.target
-        self.batched = batched_target(model.target, max_num_seqs)
+        self.batched = batched_target(
+            model.target, max_num_seqs, keep_hidden=prefix_cache_bytes > 0
+        )
+        self.prefix = PrefixReuse.build(
+            prefix_cache_bytes, self.batched, prefill_chunk_size, model.path.name
+        )
+        self.prefix_cache = None if self.prefix is None else self.prefix.cache
         self.tokenizer = model.tokenizer
         self.model_name = model.path.name
         self.context_length = model.context_length
@@ -192,6 +200,9 @@ class Engine:
         if drafter is not None:
             drafter.reset(prompt)
         self.running.append(sequence)
+        if self.prefix is not None:
+            self.prefix.reuse(sequence)
+            self.prefix.cache.record_lookup(sequence.stats.cached_tokens)
         return sequence
 
     def abort(self, sequence: Sequence) -> None:
@@ -251,6 +262,8 @@ class Engine:
             if sequence.pending is not None and not sequence.finished:
                 events.extend((sequence, event) for event in self._emit(sequence))
         for sequence in [s for s in self.running if s.finished]:
+            if self.prefix is not None and self.prefix.caches_replies and not sequence.failed:
+                self.prefix.remember(sequence, sequence.row.length)  # the next turn holds it
             self.abort(sequence)
         self.num_steps += 1
         return events
@@ -334,6 +347,7 @@ class Engine:
             mx.eval(
                 [(out.hidden, accepted, tokens) for out, accepted, tokens in verdicts.values()],
                 [(out.hidden, out.logits) for out in prefilled],
+                self.batched.unevaluated(),
             )
         except Exception as exc:  # the shared forward failed: every row in it fails
             for sequence in rows:
@@ -385,6 +399,10 @@ class Engine:
         at least one token a step while any prompt waits. ``idle``: no stream decodes."""
         budget = min(self.prefill_budget, self.batched.max_packed_rows - num_decode_tokens)
         waiting = [s for s in self.running if not s.prefilled and not s.finished]
+        if self.prefix is not None:
+            for sequence in waiting:
+                self.prefix.reuse(sequence)  # blocks other prompts have fed since
+            waiting = [s for i, s in enumerate(waiting) if not self.prefix.fed_by(s, waiting[:i])]
         chunks = []
         for index, sequence in enumerate(waiting):
             # Waiting prompts share the step, so a short one behind a long one starts at once.
@@ -415,6 +433,8 @@ class Engine:
             sequence.prefill_hidden.append(output.hidden)
         sequence.num_prefilled += size
         sequence.stats.prefill_time += seconds
+        if self.prefix is not None:
+            self.prefix.remember(sequence, sequence.num_prefilled)
         if sequence.prefilled:
             self._first_token(sequence, output)
 
@@ -426,6 +446,12 @@ class Engine:
         budget = self.prefill_budget
         while budget > 0:
             waiting = [s for s in self.running if not s.prefilled and not s.finished]
+            if self.prefix is not None:
+                for sequence in waiting:
+                    self.prefix.reuse(sequence)  # blocks other prompts have fed since
+                waiting = [
+                    s for i, s in enumerate(waiting) if not self.prefix.fed_by(s, waiting[:i])
+                ]
             if not waiting:
                 return
             for sequence in waiting:
@@ -449,7 +475,10 @@ class Engine:
         if drafter is not None and drafter.needs_hidden:
             sequence.prefill_hidden.append(output.hidden)
         mx.eval(output.logits if last else output.hidden, sequence.prefill_hidden)
+        start = sequence.num_prefilled
         sequence.num_prefilled += len(chunk)
+        if self.prefix is not None:
+            self.prefix.remember(sequence, sequence.num_prefilled, (start, output.hidden))
         if last:
             self._first_token(sequence, output)
         sequence.stats.prefill_time += time.perf_counter() - started
@@ -494,7 +523,7 @@ class Engine:
             text = emitter.add(token)
             events.append(_token_event(result, index, token, text, request.logprobs))
             if emitter.stopped:
-                return [*events, self._finish(sequence, "stop")]
+                return [*events, self._finish(sequence, "stop", stop_sequence=emitter.matched)]
             if sequence.num_output_tokens >= request.max_tokens:
                 return [*events, self._finish(sequence, "length", emitter.flush())]
         if sequence.grammar is not None and sequence.grammar.finished:
@@ -507,14 +536,17 @@ class Engine:
             return [*events, self._finish(sequence, "length", emitter.flush())]
         return events
 
-    def _finish(self, sequence: Sequence, reason: str, text: str = "") -> FinishEvent:
+    def _finish(
+        self, sequence: Sequence, reason: str, text: str = "", stop_sequence: str | None = None
+    ) -> FinishEvent:
         sequence.finished = True
-        return FinishEvent(reason, sequence.stats, text)  # type: ignore[arg-type]
+        return FinishEvent(reason, sequence.stats, text, stop_sequence)  # type: ignore[arg-type]
 
     def _fail(self, sequence: Sequence, exc: BaseException, events: list[StepEvent]) -> None:
         """Fail one request: it leaves the batch with its exception as its last event."""
         logger.exception("generation failed", exc_info=exc)
         sequence.finished = True
+        sequence.failed = True
         sequence.pending = None
         events.append((sequence, exc))
 
@@ -527,6 +559,8 @@ class Engine:
 
         self.costs = load_or_calibrate(self)
         self.calibrated = True
+        if self.prefix is not None:
+            self.prefix.cache.clear()  # calibration's own prompts
         try:
             self.grammars.warm()
         except Exception:  # a tokenizer llguidance cannot read: constrained requests fail alone

@@ -23,6 +23,7 @@ class TextEmitter:
         self.stop = tuple(stop)
         self.held = ""  # released by the detokenizer, not yet by us
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (Anthropic asks)
 
     def add(self, token_id: int) -> str:
         """Feed one committed token; returns the text released with it. After a stop string
@@ -44,8 +45,10 @@ class TextEmitter:
         if not self.stop:
             self.held = ""
             return text
-        first = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
-        if first >= 0:
+        found = [(i, n, s) for n, s in enumerate(self.stop) if (i := text.find(s)) >= 0]
+        if found:
+            # The earliest match ends the text; at one position the first listed stop wins.
+            first, _, self.matched = min(found)
             self.stopped = True
             self.held = ""
             return text[:first]

@@ -83,6 +83,7 @@ class GenerationStats:
     """Per-request counters: the numbers vLLM and llama.cpp export for speculation."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose states came from the prefix cache
     completion_tokens: int = 0
     num_cycles: int = 0  # verify forwards (plain decoding steps count as cycles of depth 0)
     num_drafts: int = 0  # cycles that verified at least one draft token
@@ -112,8 +113,11 @@ class GenerationStats:
 @dataclass(frozen=True)
 class FinishEvent:
     """The last event of a generation. ``text`` is the tail the detokenizer or a possible
-    stop-string prefix still held back; it belongs after the last token's text."""
+    stop-string prefix still held back; it belongs after the last token's text.
+    ``stop_sequence`` is the stop string that ended the generation (None when EOS, a stop
+    token or a length limit ended it)."""
 
     finish_reason: Literal["stop", "length"]
     stats: GenerationStats
     text: str = ""
+    stop_sequence: str | None = None

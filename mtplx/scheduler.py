@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mtplx.prefix_cache import PrefixCacheStats
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
 
 __all__ = [
@@ -317,6 +318,12 @@ class Scheduler:
         return self._engine
 
     # -- introspection --------------------------------------------------------------------
+
+    @property
+    def prefix_cache(self) -> PrefixCacheStats | None:
+        """The engine's prefix-cache counters (None: no cache, or not loaded yet)."""
+        cache = getattr(self._engine, "prefix_cache", None)
+        return None if cache is None else cache.stats
 
     @property
     def queue_depth(self) -> int:

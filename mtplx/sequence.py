@@ -49,6 +49,7 @@ class Sequence:
     ahead: Ahead | None = None  # the queued plain forward of the newest token
     planned: Plan | None = None  # a drafting cycle waiting for its ahead to close
     finished: bool = False
+    failed: bool = False  # its state may be inconsistent: nothing of it is cached
     tag: Any = None  # the caller's handle (the scheduler's ticket and choice index)
 
     @property

@@ -88,6 +88,10 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--max-num-seqs", type=int, help="sequences decoded together (batch rows)")
     p.add_argument("--prefill-chunk-size", type=int, help="prompt tokens per prefill forward")
+    p.add_argument(
+        "--prefix-cache-bytes",
+        help="memory for cached prompt-prefix states (bytes or 512M, 2G; 0: off)",
+    )
     p.add_argument("--max-queue", type=int, help="waiting requests before 429")
     p.add_argument(
         "--shutdown-timeout", type=float, help="seconds in-flight requests may finish on SIGTERM"
@@ -170,6 +174,7 @@ def engine_factory(
     draft_layers: int | None = None,
     max_num_seqs: int = 16,
     prefill_chunk_size: int = 32,
+    prefix_cache_bytes: int = 0,
 ) -> Callable[[], Any]:
     """A callable that loads the checkpoint and builds the engine. The scheduler runs it on
     its engine thread, so MLX arrays are created on the thread that uses them, and the
@@ -198,6 +203,7 @@ def engine_factory(
             max_num_seqs=max_num_seqs,
             prefill_chunk_size=prefill_chunk_size,
             prefill_budget=256,
+            prefix_cache_bytes=prefix_cache_bytes,
         )
         engine.warm_up()  # while /health says loading, not in the first request
         return engine
@@ -255,6 +261,7 @@ def serve(args: argparse.Namespace) -> int:
         "allowed_origins": args.allowed_origins,
         "max_num_seqs": args.max_num_seqs,
         "prefill_chunk_size": args.prefill_chunk_size,
+        "prefix_cache_bytes": args.prefix_cache_bytes,
         "max_queue": args.max_queue,
         "shutdown_timeout": args.shutdown_timeout,
         "max_tokens_limit": args.max_tokens_limit,
@@ -295,6 +302,7 @@ def serve(args: argparse.Namespace) -> int:
             settings.draft_layers,
             settings.max_num_seqs,
             settings.prefill_chunk_size,
+            settings.prefix_cache_bytes,
         ),
         max_queue=settings.max_queue,
         request_timeout=settings.request_timeout,

@@ -1,10 +1,11 @@
 """The FastAPI application factory.
 
 ``create_app(engine_or_scheduler, settings)`` wires the routes, the error handlers, the
-OpenAPI request bodies and the ASGI middleware: request log outermost, then the Host check,
-CORS (when origins are allowed), the API key, and the body limit. The engine is
-plugged in through a ``Scheduler``: pass one (``Scheduler(factory)`` loads the model on the
-engine thread while /health answers 503), or pass an engine and one is made around it.
+OpenAPI request bodies and the ASGI middleware: trailing slashes dropped outermost, then the
+request log, the Host check, CORS (when origins are allowed), the API key, and the body
+limit. The engine is plugged in through a ``Scheduler``: pass one (``Scheduler(factory)``
+loads the model on the engine thread while /health answers 503), or pass an engine and one
+is made around it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from mtplx.scheduler import EngineLike, Scheduler
+from server.anthropic_api import CountTokensRequest, MessagesRequest
 from server.auth import ApiKeyMiddleware
 from server.context import AppContext
 from server.cross_site import HostCheckMiddleware, allowed_host_names
@@ -25,8 +27,10 @@ from server.errors import install_error_handlers
 from server.limits import BodyLimitMiddleware
 from server.metrics import ServerMetrics
 from server.openapi import document_request_bodies
+from server.paths import TrailingSlashMiddleware
 from server.request_log import RequestLogMiddleware
-from server.routes import chat, completions, system
+from server.responses_api import ResponsesRequest
+from server.routes import chat, completions, messages, page, responses, system
 from server.schemas import ChatCompletionRequest, CompletionRequest
 from server.settings import ServerSettings
 
@@ -56,6 +60,7 @@ def create_app(
         active=lambda: scheduler.active,
         running_sequences=lambda: scheduler.running,
         slow_readers=lambda: scheduler.slow_readers,
+        prefix_cache=lambda: scheduler.prefix_cache,
     )
     scheduler.step_observer = metrics.observe_step
 
@@ -75,12 +80,18 @@ def create_app(
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(completions.router)
+    app.include_router(messages.router)
+    app.include_router(responses.router)
     app.include_router(system.router)
+    app.include_router(page.router)
     document_request_bodies(
         app,
         {
             ("post", "/v1/chat/completions"): ChatCompletionRequest,
             ("post", "/v1/completions"): CompletionRequest,
+            ("post", "/v1/messages"): MessagesRequest,
+            ("post", "/v1/messages/count_tokens"): CountTokensRequest,
+            ("post", "/v1/responses"): ResponsesRequest,
         },
     )
     # add_middleware wraps: the last added is the outermost.
@@ -100,4 +111,5 @@ def create_app(
     if allowed_hosts is not None:
         app.add_middleware(HostCheckMiddleware, allowed=allowed_hosts)
     app.add_middleware(RequestLogMiddleware, metrics=metrics)
+    app.add_middleware(TrailingSlashMiddleware)
     return app

@@ -67,6 +67,6 @@ class HostCheckMiddleware:
                     f"{', '.join(sorted(self.allowed))} (see the allowed_hosts setting).",
                     code="invalid_host",
                 )
-                await error.response()(scope, receive, send)
+                await error.response(scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -1,5 +1,10 @@
 """OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the right
-HTTP status, and the handlers that turn every failure path into one."""
+HTTP status, and the handlers that turn every failure path into one.
+
+Under ``/v1/messages`` (the Anthropic Messages API) the same errors take Anthropic's shape,
+``{"type": "error", "error": {"type", "message"}}``: clients of that API read that shape.
+Every error response is built by ``APIError.response(path)``, so the shape follows the path
+whichever layer (middleware, route, handler) refused the request."""
 
 from __future__ import annotations
 
@@ -19,12 +24,15 @@ from mtplx.errors import InvalidParameter
 from server.request_log import printable
 
 __all__ = [
+    "ANTHROPIC_PREFIX",
     "APIError",
+    "anthropic_error_body",
     "error_body",
     "field_path",
     "from_validation_error",
     "from_value_error",
     "install_error_handlers",
+    "is_anthropic_path",
 ]
 
 log = logging.getLogger(__name__)
@@ -41,6 +49,28 @@ _TYPES = {
     503: "service_unavailable_error",
     504: "timeout_error",
 }
+
+
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",  # loading or shutting down: try again later
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Whether ``path`` belongs to the Anthropic Messages API (its errors take its shape)."""
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
 
 
 class APIError(Exception):
@@ -66,9 +96,14 @@ class APIError(Exception):
         """The JSON body."""
         return error_body(self.status, self.message, self.param, self.code)
 
-    def response(self) -> JSONResponse:
-        """The JSON response."""
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def anthropic_body(self) -> dict[str, Any]:
+        """The JSON body in Anthropic's shape."""
+        return anthropic_error_body(self.status, self.message)
+
+    def response(self, path: str = "") -> JSONResponse:
+        """The JSON response, in the shape of the API ``path`` belongs to."""
+        body = self.anthropic_body() if is_anthropic_path(path) else self.body()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def error_body(
@@ -77,6 +112,12 @@ def error_body(
     """``{"error": {...}}`` for a status."""
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """``{"type": "error", "error": {"type", "message"}}`` for a status."""
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 # Where FastAPI found a value (first in its error locations); not part of the field's name.
@@ -220,7 +261,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+        return exc.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -242,26 +283,29 @@ def install_error_handlers(app: FastAPI) -> None:
                 else e
                 for e in errors
             ]
-        return from_validation_error(errors, inputs.get(source or "")).response()
+        return from_validation_error(errors, inputs.get(source or "")).response(request.url.path)
 
     @app.exception_handler(ValidationError)
     async def _validation(request: Request, exc: ValidationError) -> JSONResponse:
-        return from_validation_error(exc.errors()).response()
+        return from_validation_error(exc.errors()).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
             message = f"Unknown request URL: {request.method} {request.url.path}"
-            return APIError(404, message, code="unknown_url").response()
+            return APIError(404, message, code="unknown_url").response(request.url.path)
         if exc.status_code == 405:
             message = f"Method {request.method} is not allowed for {request.url.path}"
             # Starlette's 405 carries the Allow header (RFC 9110 requires it).
-            return APIError(405, message, code="method_not_allowed", headers=exc.headers).response()
-        return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
+            error = APIError(405, message, code="method_not_allowed", headers=exc.headers)
+            return error.response(request.url.path)
+        error = APIError(exc.status_code, str(exc.detail), headers=exc.headers)
+        return error.response(request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception(
             "unhandled error on %s %s", printable(request.method), printable(request.url.path)
         )
-        return APIError(500, "The server had an error while processing your request.").response()
+        error = APIError(500, "The server had an error while processing your request.")
+        return error.response(request.url.path)

@@ -88,6 +88,7 @@ class ChoiceResult:
     text: str = ""
     tokens: list[TokenEvent] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
     stats: GenerationStats | None = None
 
 
@@ -109,6 +110,7 @@ async def collect(
             elif isinstance(event, FinishEvent):
                 result.text += event.text  # the tail the detokenizer held back
                 result.finish_reason = event.finish_reason
+                result.stop_sequence = event.stop_sequence
                 result.stats = event.stats
     return results
 
@@ -172,13 +174,18 @@ def speculative_summary(stats: Sequence[GenerationStats]) -> dict[str, Any]:
     }
 
 
-def usage(prompt_tokens: int, stats: Sequence[GenerationStats]) -> dict[str, int]:
-    """OpenAI usage: the prompt counted once per prompt, completions summed over choices."""
+def usage(prompt_tokens: int, stats: Sequence[GenerationStats]) -> dict[str, Any]:
+    """OpenAI usage: the prompt counted once per prompt, completions summed over choices.
+    ``cached_tokens``: the prompt tokens the prefix cache served (with several choices of a
+    prompt, their share of the choices' prompt tokens)."""
     completion = sum(s.completion_tokens for s in stats)
+    fed = sum(s.prompt_tokens for s in stats)
+    cached = round(prompt_tokens * sum(s.cached_tokens for s in stats) / fed) if fed else 0
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 

@@ -58,4 +58,4 @@ class BodyLimitMiddleware:
             f"Request body is larger than the limit of {self.max_bytes} bytes.",
             code="request_too_large",
         )
-        await error.response()(scope, receive, send)
+        await error.response(scope["path"])(scope, receive, send)

@@ -4,7 +4,7 @@ tokens, queue gauges and the speculative-decoding counters vLLM and llama.cpp ex
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -14,7 +14,10 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from mtplx.prefix_cache import PrefixCacheStats
 from mtplx.request import GenerationStats
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
@@ -36,9 +39,12 @@ class ServerMetrics:
         active: Callable[[], float] | None = None,
         running_sequences: Callable[[], float] | None = None,
         slow_readers: Callable[[], float] | None = None,
+        prefix_cache: Callable[[], PrefixCacheStats | None] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        if prefix_cache is not None:
+            r.register(PrefixCacheCollector(prefix_cache))
         self.requests = Counter(
             "mtplx_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
             registry=r,
@@ -136,3 +142,30 @@ class ServerMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
+
+
+class PrefixCacheCollector(Collector):
+    """The engine's prefix-cache counters, read at each scrape (none while it loads, or
+    when the cache is off)."""
+
+    def __init__(self, read: Callable[[], PrefixCacheStats | None]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        """Hits, misses, tokens served, evictions; bytes and blocks held, the budget."""
+        stats = self._read()
+        if stats is None:
+            return
+        for name, documentation, value in (
+            ("hits", "Prompts that reused cached prefix blocks", stats.hits),
+            ("misses", "Prompts that found no cached prefix block", stats.misses),
+            ("hit_tokens", "Prompt tokens served from the prefix cache", stats.hit_tokens),
+            ("evictions", "Prefix cache blocks evicted", stats.evictions),
+        ):
+            yield CounterMetricFamily(f"mtplx_prefix_cache_{name}", documentation, value)
+        for name, documentation, value in (
+            ("bytes", "Bytes held by cached prefix blocks", stats.num_bytes),
+            ("blocks", "Cached prefix blocks", stats.num_blocks),
+            ("max_bytes", "The prefix cache's byte budget", stats.max_bytes),
+        ):
+            yield GaugeMetricFamily(f"mtplx_prefix_cache_{name}", documentation, value)

@@ -153,13 +153,23 @@ def _as_token_ids(tokenizer: Any, value: Any) -> list[int]:
 def chat_prompt(
     tokenizer: Any,
     messages: Sequence[ChatMessage],
+    continue_final: bool = False,
     conversation: list[dict[str, Any]] | None = None,
     tools: list[dict[str, Any]] | None = None,
 ) -> Prompt:
     """Token ids of the conversation under the model's chat template (generation prompt
-    appended). ``developer`` is sent to the template as ``system``. ``conversation``: the
-    messages already rendered as template dicts (tool calling does that); ``tools``: tool
-    definitions for a template that renders them itself."""
+    appended). ``developer`` is sent to the template as ``system``.
+
+    With ``continue_final`` a last assistant message is a prefill (Anthropic's rule): the
+    reply continues that text, so it follows the generation prompt as plain tokens instead of
+    being rendered as a finished turn. ``conversation``: the messages already rendered as
+    template dicts (tool calling does that); ``tools``: tool definitions for a template that
+    renders them itself."""
+    if continue_final and len(messages) > 1 and messages[-1].role == "assistant":
+        head = chat_prompt(tokenizer, messages[:-1])
+        prefill = message_text(messages[-1], len(messages) - 1)
+        ids = tokenizer.encode(prefill, add_special_tokens=False) if prefill else []
+        return Prompt(head.token_ids + [int(t) for t in ids], "")
     if conversation is None:
         conversation = [
             {"role": "system" if m.role == "developer" else m.role, "content": message_text(m, i)}

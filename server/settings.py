@@ -7,6 +7,7 @@ so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -61,6 +62,12 @@ class ServerSettings(BaseSettings):
     prefill_chunk_size: int = Field(
         32, ge=8, description="prompt tokens a prompt feeds per step beside decoding streams"
     )
+    prefix_cache_bytes: int = Field(
+        1 << 30,
+        ge=0,
+        description="memory for cached prompt-prefix states (bytes, or with K/M/G: 512M, 2G); "
+        "0 turns the prefix cache off",
+    )
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 429")
     max_tokens_limit: int = Field(8192, ge=1, description="largest max_tokens a request may ask")
     max_n: int = Field(16, ge=1, description="largest n (choices per prompt)")
@@ -92,6 +99,11 @@ class ServerSettings(BaseSettings):
                 "api_key has leading or trailing whitespace, which clients cannot send"
             )
         return value
+
+    @field_validator("prefix_cache_bytes", mode="before")
+    @classmethod
+    def _byte_size(cls, value: Any) -> Any:
+        return parse_byte_size(value) if isinstance(value, str) else value
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")
     @classmethod
@@ -181,3 +193,14 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+_BYTE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_byte_size(text: str) -> int:
+    """``"1073741824"``, ``"512M"``, ``"2G"``, ``"1.5GiB"`` -> bytes (binary units)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text, re.IGNORECASE)
+    if match is None:
+        raise ValueError(f"{text!r} is not a size: a number of bytes, or with K, M, G or T")
+    return int(float(match.group(1)) * _BYTE_UNITS[match.group(2).upper()])

@@ -1,9 +1,9 @@
-"""Server-sent events: turn a ticket's events into OpenAI chunks as soon as the engine yields
-them, end with the finish chunk(s), the optional usage chunk and ``data: [DONE]``.
-
-Chat and completions differ only in chunk shape, supplied by a ``ChunkFormatter``. When the
-client disconnects, sse-starlette cancels the body iterator; leaving ``async with ticket``
-then cancels the ticket, so the engine drops the request within one cycle.
+"""Server-sent events: turn a ticket's events into an API's stream events as soon as the
+engine yields them. ``stream_events`` runs the loop; an ``EventFormat`` per API says what to
+send (OpenAI chunks ending with ``data: [DONE]``, Anthropic's and the Responses API's named
+events). Chat and completions differ only in chunk shape, supplied by a ``ChunkFormatter``.
+When the client disconnects, sse-starlette cancels the body iterator; leaving ``async with
+ticket`` then cancels the ticket, so the engine drops the request within one cycle.
 """
 
 from __future__ import annotations
@@ -16,9 +16,19 @@ from sse_starlette import EventSourceResponse
 
 from mtplx.request import FinishEvent, GenerationStats, TokenEvent
 from mtplx.scheduler import SchedulerError, Ticket
+from server.errors import APIError
 from server.generation import error_for, speculative_summary, usage
 
-__all__ = ["ChunkFormatter", "sse_response", "stream_chunks"]
+__all__ = [
+    "DONE",
+    "SSE",
+    "ChunkFormatter",
+    "EventFormat",
+    "OpenAIChunkEvents",
+    "data_event",
+    "sse_response",
+    "stream_events",
+]
 
 
 Chunks = dict[str, Any] | list[dict[str, Any]] | None
@@ -53,37 +63,103 @@ class ChunkFormatter(Protocol):
         ...
 
 
-def _data(chunk: dict[str, Any]) -> dict[str, str]:
-    return {"data": json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))}
+SSE = dict[str, str]  # one server-sent event: "data", and "event" when the API names them
 
 
-def _all(chunks: Chunks) -> list[dict[str, str]]:
+class EventFormat(Protocol):
+    """The SSE events of one streaming reply, per API. Each method returns the events to
+    send at that point (possibly none)."""
+
+    def opening(self, index: int) -> list[SSE]:
+        """Before a choice's first event."""
+        ...
+
+    def token(self, index: int, event: TokenEvent) -> list[SSE]:
+        """For one token."""
+        ...
+
+    def finish(self, index: int, event: FinishEvent) -> list[SSE]:
+        """For a choice's finish (its held-back tail text, its stop reason)."""
+        ...
+
+    def closing(self, usage: dict[str, Any], mtplx: dict[str, Any]) -> list[SSE]:
+        """After every choice finished: usage and speculative statistics, the end marker."""
+        ...
+
+    def failure(self, error: APIError) -> list[SSE]:
+        """A failure after the status line went out as 200; the stream ends after these."""
+        ...
+
+
+def data_event(chunk: dict[str, Any], event: str | None = None) -> SSE:
+    """One SSE event carrying ``chunk`` as compact JSON (``event:`` line when named)."""
+    sse = {"data": json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))}
+    if event is not None:
+        sse["event"] = event
+    return sse
+
+
+DONE: SSE = {"data": "[DONE]"}
+
+
+def _all(chunks: Chunks) -> list[SSE]:
     """A formatter may answer one chunk, several (tool-call deltas) or none (text held
     back while it may be a tool call)."""
     if chunks is None:
         return []
-    return [_data(chunk) for chunk in (chunks if isinstance(chunks, list) else [chunks])]
+    return [data_event(chunk) for chunk in (chunks if isinstance(chunks, list) else [chunks])]
 
 
-async def stream_chunks(
+class OpenAIChunkEvents:
+    """OpenAI's chunk stream (chat and completions): ``data:`` chunks from a
+    ``ChunkFormatter``, the usage chunk when ``include_usage``, then ``data: [DONE]``."""
+
+    def __init__(self, formatter: ChunkFormatter, include_usage: bool) -> None:
+        self.formatter = formatter
+        self.include_usage = include_usage
+
+    def opening(self, index: int) -> list[SSE]:
+        chunk = self.formatter.begin(index)
+        return [] if chunk is None else [data_event(chunk)]
+
+    def token(self, index: int, event: TokenEvent) -> list[SSE]:
+        # An empty piece is a character still incomplete: nothing to send, unless the
+        # client wants this token's logprob.
+        if event.text or self.formatter.wants_logprobs:
+            return _all(self.formatter.token(index, event))
+        return []
+
+    def finish(self, index: int, event: FinishEvent) -> list[SSE]:
+        events = _all(self.formatter.tail(index, event.text)) if event.text else []
+        return [*events, *_all(self.formatter.finish(index, event.finish_reason))]
+
+    def closing(self, usage: dict[str, Any], mtplx: dict[str, Any]) -> list[SSE]:
+        events = [data_event(self.formatter.usage(usage, mtplx))] if self.include_usage else []
+        return [*events, DONE]
+
+    def failure(self, error: APIError) -> list[SSE]:
+        # The stream still ends the way clients wait for.
+        return [data_event(error.body()), DONE]
+
+
+async def stream_events(
     ticket: Ticket,
-    formatter: ChunkFormatter,
+    fmt: EventFormat,
     *,
     prompt_tokens: int,
-    include_usage: bool,
     on_first_token: Callable[[], None] | None = None,
     on_token: Callable[[], None] | None = None,
     on_done: Callable[[list[GenerationStats]], None] | None = None,
     on_disconnect: Callable[[], None] | None = None,
-) -> AsyncIterator[dict[str, str]]:
-    """SSE events for one ticket. A failure after the headers went out is sent as an
-    ``{"error": ...}`` event (the status line is already 200) and the stream ends.
-    ``on_token`` runs for every token sent; ``on_disconnect`` when the client leaves before
-    the end."""
+) -> AsyncIterator[SSE]:
+    """SSE events for one ticket in the API's format. A failure after the headers went out
+    is sent as the format's failure events (the status line is already 200) and the stream
+    ends. ``on_token`` runs for every token sent; ``on_disconnect`` when the client leaves
+    before the end."""
     ended = False
     try:
-        async for event in _stream_chunks(
-            ticket, formatter, prompt_tokens, include_usage, on_first_token, on_token, on_done
+        async for event in _stream_events(
+            ticket, fmt, prompt_tokens, on_first_token, on_token, on_done
         ):
             yield event
         ended = True
@@ -92,15 +168,14 @@ async def stream_chunks(
             on_disconnect()
 
 
-async def _stream_chunks(
+async def _stream_events(
     ticket: Ticket,
-    formatter: ChunkFormatter,
+    fmt: EventFormat,
     prompt_tokens: int,
-    include_usage: bool,
     on_first_token: Callable[[], None] | None,
     on_token: Callable[[], None] | None,
     on_done: Callable[[list[GenerationStats]], None] | None,
-) -> AsyncIterator[dict[str, str]]:
+) -> AsyncIterator[SSE]:
     stats: list[GenerationStats] = []
     begun: set[int] = set()
     first = True
@@ -109,38 +184,28 @@ async def _stream_chunks(
             async for index, event in ticket:
                 if index not in begun:
                     begun.add(index)
-                    opening = formatter.begin(index)
-                    if opening is not None:
-                        yield _data(opening)
+                    for sse in fmt.opening(index):
+                        yield sse
                 if isinstance(event, TokenEvent):
                     if first and on_first_token is not None:
                         on_first_token()
                     first = False
-                    # An empty piece is a character still incomplete: nothing to send,
-                    # unless the client wants this token's logprob.
                     if on_token is not None:  # counted as it is handed to the transport
                         on_token()
-                    if event.text or formatter.wants_logprobs:
-                        for data in _all(formatter.token(index, event)):
-                            yield data
+                    for sse in fmt.token(index, event):
+                        yield sse
                 elif isinstance(event, FinishEvent):
                     stats.append(event.stats)
-                    if event.text:
-                        for data in _all(formatter.tail(index, event.text)):
-                            yield data
-                    for data in _all(formatter.finish(index, event.finish_reason)):
-                        yield data
+                    for sse in fmt.finish(index, event):
+                        yield sse
         except SchedulerError as exc:
-            # The status line went out as 200: the error is an event, and the stream still
-            # ends the way clients wait for.
-            yield _data(error_for(exc).body())
-            yield {"data": "[DONE]"}
+            for sse in fmt.failure(error_for(exc)):
+                yield sse
             return
     if on_done is not None:
         on_done(stats)
-    if include_usage:
-        yield _data(formatter.usage(usage(prompt_tokens, stats), speculative_summary(stats)))
-    yield {"data": "[DONE]"}
+    for sse in fmt.closing(usage(prompt_tokens, stats), speculative_summary(stats)):
+        yield sse
 
 
 def let_streams_drain() -> None:
@@ -151,7 +216,7 @@ def let_streams_drain() -> None:
     AppStatus.disable_automatic_graceful_drain()
 
 
-def sse_response(events: AsyncIterator[dict[str, str]]) -> EventSourceResponse:
+def sse_response(events: AsyncIterator[SSE]) -> EventSourceResponse:
     """The streaming response: ``\\n`` line endings (what most clients expect) and no
     proxy buffering."""
     return EventSourceResponse(

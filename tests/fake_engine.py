@@ -174,6 +174,11 @@ class FakeEngine:
 
     def plan(self, request: GenerationRequest) -> tuple[list[int], str]:
         """The tokens this request will produce and its finish reason."""
+        tokens, reason, _ = self.plan_with_stop(request)
+        return tokens, reason
+
+    def plan_with_stop(self, request: GenerationRequest) -> tuple[list[int], str, str | None]:
+        """``plan`` and the stop string that ended the output (None if none did)."""
         prompt = bytes(i for i in request.prompt_ids if i < 256)
         sampler = request.sampler
         if sampler.seed is not None or sampler.is_greedy:
@@ -191,14 +196,14 @@ class FakeEngine:
             stop_ids |= self.tokenizer.eos_token_ids
         for i, token in enumerate(tokens[: request.max_tokens]):
             if token in stop_ids:
-                return tokens[:i], "stop"
+                return tokens[:i], "stop", None
             text += bytes([token])
-            for stop in stops:
+            for n, stop in enumerate(stops):
                 if stop in text:
                     # Cut the stop string and everything after it, as the engine does.
                     keep = text.index(stop)
-                    return tokens[:keep], "stop"
-        return tokens[: request.max_tokens], "length"
+                    return tokens[:keep], "stop", request.stop[n]
+        return tokens[: request.max_tokens], "length", None
 
     def generate(self, request: GenerationRequest) -> Iterator[TokenEvent | FinishEvent]:
         """Yield one TokenEvent per token, then a FinishEvent with speculative stats."""
@@ -209,7 +214,7 @@ class FakeEngine:
             self.requests.append(request)
             self.log.append(("start", label))
         try:
-            tokens, reason = self.plan(request)
+            tokens, reason, stop_sequence = self.plan_with_stop(request)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             stats = GenerationStats(prompt_tokens=len(request.prompt_ids))
             depth = DRAFTS_PER_CYCLE
@@ -251,7 +256,12 @@ class FakeEngine:
             # Like the engine's detokenizer: bytes of a character cut short by the end of
             # the generation come out at the finish, as U+FFFD.
             tail = decoder.decode(b"", final=True)
-            yield FinishEvent(finish_reason=reason, stats=stats, text=tail)  # type: ignore[arg-type]
+            yield FinishEvent(
+                finish_reason=reason,  # type: ignore[arg-type]
+                stats=stats,
+                text=tail,
+                stop_sequence=stop_sequence,
+            )
         except GeneratorExit:
             with self._lock:
                 self.log.append(("closed", label))

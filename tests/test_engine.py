@@ -188,8 +188,10 @@ def test_stop_string_ends_generation_and_is_not_emitted(llama_engine: Engine) ->
             prompt, GREEDY, max_tokens=40, stop=[stop], drafter=drafter, depth=3, ignore_eos=True
         )
         text, finish = _streamed_text(llama_engine, stopped)
-        assert finish.finish_reason == "stop"
+        assert finish.finish_reason == "stop" and finish.stop_sequence == stop
         assert text == full_text[: full_text.index(stop)]
+    _, finish = _streamed_text(llama_engine, request)
+    assert finish.finish_reason == "length" and finish.stop_sequence is None
 
 
 def test_logprobs_are_reported_for_every_token(llama_engine: Engine) -> None:

@@ -66,3 +66,14 @@ def test_earliest_of_several_stop_strings_wins() -> None:
 def test_no_stop_strings_releases_everything_at_once() -> None:
     released, stopped, tail = _run(["a", "b"], [])
     assert released == ["a", "b"] and not stopped and tail == ""
+
+
+def test_the_matched_stop_string_is_recorded():
+    emitter = TextEmitter(PieceDetokenizer(["say ", "END", " now"]), ["STOP", "END", "EN"])
+    for piece in range(3):
+        emitter.add(piece)
+        if emitter.stopped:
+            break
+    # "EN" and "END" both start at the same place; the first listed of them wins.
+    assert emitter.stopped and emitter.matched == "END"
+    assert TextEmitter(PieceDetokenizer(["a"]), ["x"]).matched is None

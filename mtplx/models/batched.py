@@ -33,6 +33,8 @@ from mtplx import cache as cache_ops
 from mtplx.blas_shim import INVARIANT_MAX_ROWS
 from mtplx.models.base import TargetModel
 
+# The layer caches whose prompt states ``PerRowTarget`` saves for the prefix cache.
+_BLOCK_CACHES = ("KVCache", "ArraysCache")
 # Slot KV capacity grows in steps of this many positions (mlx-lm's KVCache step).
 KV_STEP = 256
 # Rows feeding at most this many tokens (a verify of up to 5 drafts, plain decoding) attend
@@ -96,6 +98,11 @@ class BatchedTarget(Protocol):
         """Return ``row`` to ``point``."""
         ...
 
+    def unevaluated(self) -> list[mx.array]:
+        """State the last forward updated that no output depends on: evaluate it with the
+        outputs."""
+        ...
+
 
 # -- one forward per row -------------------------------------------------------------------
 
@@ -108,6 +115,42 @@ class CacheRow:
     length: int = 0
 
 
+@dataclass
+class CacheRowBlockState:
+    """A block of a ``PerRowTarget`` row's prompt, saved for the prefix cache: per layer the
+    block's keys and values (attention layers), and the recurrent layers' state at the
+    block's end when the row was there (None: the row cannot resume after this block)."""
+
+    kv: list[tuple[mx.array, mx.array] | None]  # [1, kv_heads, B, d] each
+    recurrent: list[Any] | None  # per layer: a state snapshot (None for attention layers)
+    hidden: mx.array  # [B, H]
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a row can continue right after this block."""
+        return self.recurrent is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the block's arrays (recurrent snapshots included)."""
+        total = self.hidden.nbytes + sum(k.nbytes + v.nbytes for k, v in filter(None, self.kv))
+        for state in self.recurrent or []:
+            if state is not None:
+                total += sum(a.nbytes for a in _arrays(state))
+        return total
+
+
+def _arrays(value: Any) -> list[mx.array]:
+    """The MLX arrays inside a cache state snapshot (nested tuples, lists, dicts)."""
+    if isinstance(value, mx.array):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list | tuple):
+        return [array for item in value for array in _arrays(item)]
+    return []
+
+
 class PerRowTarget:
     """Any TargetModel, one forward per row (all queued before one evaluation)."""
 
@@ -118,7 +161,11 @@ class PerRowTarget:
         self.target = target
         self.vocab_size = target.vocab_size
         self.hidden_size = target.hidden_size
-        self.recurrent = not cache_ops.is_trimmable(target.make_cache())
+        cache = target.make_cache()
+        self.recurrent = not cache_ops.is_trimmable(cache)
+        # Prompt blocks can be saved and loaded when every layer is mlx-lm's plain KV cache
+        # or a recurrent ArraysCache (whose state is rebound, never written into).
+        self.saves_blocks = all(type(layer).__name__ in _BLOCK_CACHES for layer in cache)
 
     def new_row(self) -> CacheRow:
         """A row with fresh cache objects."""
@@ -154,6 +201,57 @@ class PerRowTarget:
         cache_ops.rollback(row.cache, point[0])
         row.length = point[1]
 
+    def unevaluated(self) -> list[mx.array]:
+        """Nothing: every cache update feeds the outputs."""
+        return []
+
+    def save_block(
+        self, row: CacheRow, start: int, end: int, hidden: mx.array | None = None
+    ) -> CacheRowBlockState | None:
+        """A copy of the row's prompt states at positions [start, end); ``hidden``: their
+        hidden states [end - start, H] (None: not at hand, nothing is saved). The recurrent
+        state is the row's own now, so it is kept only when the block ends the row."""
+        if hidden is None or not self.saves_blocks:
+            return None
+        if not 0 <= start < end <= row.length:
+            raise ValueError(f"positions [{start}, {end}) are not in the row")
+        kv: list[tuple[mx.array, mx.array] | None] = []
+        recurrent: list[Any] | None = [] if end == row.length else None
+        for layer in row.cache:
+            if layer.is_trimmable():
+                kv.append(
+                    (
+                        mx.contiguous(layer.keys[..., start:end, :]),
+                        mx.contiguous(layer.values[..., start:end, :]),
+                    )
+                )
+                if recurrent is not None:
+                    recurrent.append(None)
+            else:
+                kv.append(None)
+                if recurrent is not None:
+                    recurrent.append(cache_ops.snapshot(layer))
+        state = CacheRowBlockState(kv, recurrent, mx.contiguous(hidden))
+        mx.eval(state.hidden, [pair for pair in kv if pair is not None], _arrays(recurrent))
+        return state
+
+    def load_blocks(self, row: CacheRow, states: Sequence[CacheRowBlockState]) -> mx.array:
+        """Append saved blocks to the row (the last one must be resumable); returns their
+        hidden states [sum B, H]."""
+        last = states[-1].recurrent
+        if last is None:
+            raise ValueError("the row cannot resume after the last block")
+        for index, layer in enumerate(row.cache):
+            if layer.is_trimmable():
+                keys = mx.concatenate([s.kv[index][0] for s in states], axis=2)  # type: ignore[index]
+                values = mx.concatenate([s.kv[index][1] for s in states], axis=2)  # type: ignore[index]
+                layer.update_and_fetch(keys, values)
+            else:
+                cache_ops.restore(layer, last[index])
+        hidden = mx.concatenate([state.hidden for state in states])
+        row.length += hidden.shape[0]
+        return hidden
+
 
 # -- packed matmuls, per-row attention over slots -------------------------------------------
 
@@ -186,6 +284,22 @@ class _Group:
 
 
 @dataclass
+class SlotBlockState:
+    """A block of one row's positions, saved for the prefix cache: the KV of every layer and
+    the post-norm hidden states (what the drafters read)."""
+
+    keys: mx.array  # [layers, B, kv_heads, d]
+    values: mx.array  # [layers, B, kv_heads, d + 1]
+    hidden: mx.array  # [B, H]
+    resumable = True  # a row can continue after any block
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the three arrays."""
+        return self.keys.nbytes + self.values.nbytes + self.hidden.nbytes
+
+
+@dataclass
 class _SlotStore:
     """KV of every slot for one layer: keys [S, L_cap, kv_heads, d], values
     [S, L_cap, kv_heads, d + 1] (see ``SlotTarget._attention``)."""
@@ -200,8 +314,9 @@ class SlotTarget:
     recurrent = False
     max_packed_rows = INVARIANT_MAX_ROWS
 
-    def __init__(self, target: Any, max_rows: int = 16) -> None:
+    def __init__(self, target: Any, max_rows: int = 16, keep_hidden: bool = False) -> None:
         self.target = target
+        self.keep_hidden = keep_hidden  # store every position's hidden state (prefix cache)
         self.trunk = target.trunk
         self.vocab_size = target.vocab_size
         self.hidden_size = target.hidden_size
@@ -210,6 +325,7 @@ class SlotTarget:
         self._live: dict[int, SlotRow] = {}  # slot -> its row
         self._capacity = 0  # positions allocated per slot
         self._stores: list[_SlotStore] = []
+        self._hidden: mx.array | None = None  # [S, L_cap, H] each position's hidden state
         # An attention product has (heads / kv heads) x (queries) rows: queries go in blocks
         # that keep it within the invariant kernel, like every matmul of a forward of at
         # most INVARIANT_MAX_ROWS tokens, so a prompt's cache is the same bits however it
@@ -249,6 +365,46 @@ class SlotTarget:
         """Back to a length."""
         row.length = point
 
+    # -- prefix cache -------------------------------------------------------------------
+
+    def unevaluated(self) -> list[mx.array]:
+        """State a forward updated that no output depends on (the hidden-state store):
+        evaluate it with the forward's outputs, or its updates pile up unevaluated."""
+        return [] if self._hidden is None else [self._hidden]
+
+    saves_blocks = True
+
+    def save_block(
+        self, row: SlotRow, start: int, end: int, hidden: mx.array | None = None
+    ) -> SlotBlockState:
+        """A copy of the row's states at positions [start, end) (all computed; the slots
+        keep hidden states themselves, ``hidden`` is not needed)."""
+        if not 0 <= start < end <= row.length or self._hidden is None:
+            raise ValueError(f"positions [{start}, {end}) are not in the row")
+        state = SlotBlockState(
+            mx.stack([store.keys[row.slot, start:end] for store in self._stores]),
+            mx.stack([store.values[row.slot, start:end] for store in self._stores]),
+            mx.contiguous(self._hidden[row.slot, start:end]),  # a copy, not a view of the store
+        )
+        mx.eval(state.keys, state.values, state.hidden)
+        return state
+
+    def load_blocks(self, row: SlotRow, states: Sequence[SlotBlockState]) -> mx.array:
+        """Append saved blocks to the row, as if their tokens had been fed; returns their
+        hidden states [sum B, H]."""
+        keys = mx.concatenate([state.keys for state in states], axis=1)
+        values = mx.concatenate([state.values for state in states], axis=1)
+        hidden = mx.concatenate([state.hidden for state in states])
+        start, end = row.length, row.length + hidden.shape[0]
+        self._ensure_capacity(end)
+        for layer, store in enumerate(self._stores):
+            store.keys[row.slot, start:end] = keys[layer]
+            store.values[row.slot, start:end] = values[layer]
+        assert self._hidden is not None
+        self._hidden[row.slot, start:end] = hidden
+        row.length = end
+        return hidden
+
     # -- forward ------------------------------------------------------------------------
 
     def forward(
@@ -269,6 +425,7 @@ class SlotTarget:
             x = x + self._attention(layer.self_attn, layer.input_layernorm(x), store, groups)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = inner.norm(x)[0]  # [N, H]
+        self._keep_hidden(rows, counts, hidden)
         for row, count in zip(rows, counts, strict=True):
             row.length += count
         ends = list(itertools.accumulate(counts))
@@ -291,6 +448,19 @@ class SlotTarget:
         for position, index in enumerate(order):
             unsorted[index] = outputs[position]
         return unsorted
+
+    def _keep_hidden(self, rows: list[SlotRow], counts: list[int], hidden: mx.array) -> None:
+        """Store each fed position's hidden state (hidden: [N, H] packed) in its slot."""
+        if self._hidden is None:
+            return
+        positions = [
+            row.slot * self._capacity + row.length + t
+            for row, count in zip(rows, counts, strict=True)
+            for t in range(count)
+        ]
+        flat = self._hidden.reshape(self.max_rows * self._capacity, -1)
+        flat[mx.array(positions, mx.int32)] = hidden
+        self._hidden = flat.reshape(self._hidden.shape)
 
     def _groups(self, rows: list[SlotRow], counts: list[int]) -> list[_Group]:
         """Verify rows (at most VERIFY_TOKENS tokens) in one group, prefill rows in another:
@@ -365,12 +535,16 @@ class SlotTarget:
         grow = (self.max_rows, capacity - self._capacity, kv_heads)
         key_zeros = mx.zeros((*grow, head_dim), dtype)
         value_zeros = mx.zeros((*grow, head_dim + 1), dtype)  # + the constant-1 feature
+        hidden_zeros = mx.zeros((self.max_rows, grow[1], self.hidden_size), dtype)
         if not self._stores:
             self._stores = [_SlotStore(key_zeros, value_zeros) for _ in self.trunk.inner.layers]
+            self._hidden = hidden_zeros if self.keep_hidden else None
         else:
             for store in self._stores:
                 store.keys = mx.concatenate([store.keys, key_zeros], axis=1)
                 store.values = mx.concatenate([store.values, value_zeros], axis=1)
+            if self._hidden is not None:
+                self._hidden = mx.concatenate([self._hidden, hidden_zeros], axis=1)
         self._capacity = capacity
 
     def _attention(
@@ -459,10 +633,11 @@ def _per_row(logits: Sequence[str] | str, rows: Sequence[object]) -> list[str]:
     return wanted
 
 
-def batched_target(target: TargetModel, max_rows: int) -> BatchedTarget:
+def batched_target(target: TargetModel, max_rows: int, keep_hidden: bool = False) -> BatchedTarget:
     """The fastest exact batched form of ``target``: slots for mlx-lm's llama trunks, one
-    forward per row otherwise."""
+    forward per row otherwise. ``keep_hidden``: slots keep every position's hidden state,
+    so that blocks of them can be saved for the prefix cache."""
     trunk = getattr(target, "trunk", None)
     if trunk is not None and trunk.arch == "llama" and type(target).__name__ == "MLXTarget":
-        return SlotTarget(target, max_rows)
+        return SlotTarget(target, max_rows, keep_hidden)
     return PerRowTarget(target)

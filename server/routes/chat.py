@@ -84,7 +84,7 @@ async def chat_completions(request: Request) -> Response:
     plan = plan_tools(body, engine.tokenizer)
     conversation, tools = render_conversation(body.messages, plan, call_style(engine.tokenizer))
     prompt = await in_tokenizer_thread(
-        chat_prompt, engine.tokenizer, body.messages, conversation, tools
+        chat_prompt, engine.tokenizer, body.messages, False, conversation, tools
     )
     grammar = plan.grammar() if plan is not None else None
     options = body.mtplx

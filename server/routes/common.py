@@ -1,5 +1,4 @@
-"""What the chat and completions routes share: ids and the stream-or-collect tail of a
-request."""
+"""What the generation routes share: ids and the stream-or-collect tail of a request."""
 
 from __future__ import annotations
 
@@ -22,14 +21,37 @@ from server.generation import (
     error_for,
     run_until_disconnect,
     speculative_summary,
+    submit,
     usage,
 )
+from server.params import aliases_for, build_requests, check_common
+from server.prompts import Prompt, chat_prompt, check_prompt_size, in_tokenizer_thread
 from server.request_log import endpoint_label
-from server.streaming import ChunkFormatter, sse_response, stream_chunks
+from server.schemas import ChatCompletionRequest
+from server.streaming import (
+    ChunkFormatter,
+    EventFormat,
+    OpenAIChunkEvents,
+    sse_response,
+    stream_events,
+)
 
-__all__ = ["new_id", "respond"]
+__all__ = ["new_id", "respond", "start_chat"]
 
 BuildReply = Callable[[list[ChoiceResult], dict[str, int], dict[str, Any]], dict[str, Any]]
+
+
+async def start_chat(
+    ctx: AppContext, body: ChatCompletionRequest, *, continue_final: bool = False
+) -> tuple[Prompt, Ticket]:
+    """The chat path the Anthropic and Responses APIs share with chat completions: checks,
+    the chat template off the event loop, one GenerationRequest per choice, admission."""
+    engine = ctx.engine()
+    check_common(body, ctx.settings, ctx.model_names())
+    check_prompt_size(body, engine.context_length)
+    prompt = await in_tokenizer_thread(chat_prompt, engine.tokenizer, body.messages, continue_final)
+    requests = build_requests(body, [prompt], engine, ctx.settings)
+    return prompt, submit(ctx.scheduler, requests, aliases_for(body))
 
 
 def new_id(prefix: str) -> str:
@@ -45,11 +67,14 @@ async def respond(
     num_choices: int,
     prompt_tokens: int,
     stream: bool,
-    include_usage: bool,
-    formatter: ChunkFormatter,
     build_reply: BuildReply,
+    include_usage: bool = False,
+    formatter: ChunkFormatter | None = None,
+    events: EventFormat | None = None,
 ) -> Response:
-    """Stream the ticket as SSE, or collect it into one JSON reply."""
+    """Stream the ticket as SSE, or collect it into one JSON reply. The stream's events come
+    from ``events``, or for OpenAI's chunk APIs from ``formatter`` (with the usage chunk when
+    ``include_usage``)."""
     endpoint = endpoint_label(request.scope)
     started = getattr(request.state, "started", time.perf_counter())
 
@@ -61,17 +86,19 @@ async def respond(
         request.state.usage = usage(prompt_tokens, stats)
 
     if stream:
-        events = stream_chunks(
+        if events is None:
+            assert formatter is not None, "a streaming reply needs a formatter or events"
+            events = OpenAIChunkEvents(formatter, include_usage)
+        stream_body = stream_events(
             ticket,
-            formatter,
+            events,
             prompt_tokens=prompt_tokens,
-            include_usage=include_usage,
             on_first_token=first_token,
             on_token=ctx.metrics.observe_sent_tokens,
             on_done=done,
             on_disconnect=lambda: setattr(request.state, "disconnected", True),
         )
-        response = sse_response(events)
+        response = sse_response(stream_body)
         # If the client leaves before the body iterator starts, its cleanup never runs;
         # this runs after the response either way and frees the engine.
         response.background = BackgroundTask(ticket.cancel)

@@ -82,6 +82,13 @@ async def health(request: Request) -> JSONResponse:
             context_length=engine.context_length,
             max_num_seqs=engine.max_num_seqs,
         )
+        cache = ctx.scheduler.prefix_cache
+        if cache is not None:
+            body["prefix_cache"] = {
+                "bytes": cache.num_bytes,
+                "max_bytes": cache.max_bytes,
+                "blocks": cache.num_blocks,
+            }
         return JSONResponse(body)
     if stats.state == "failed":
         body["error"] = str(ctx.scheduler.load_error)

@@ -127,3 +127,19 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> Non
     while not predicate():
         assert loop.time() < end, "condition not reached in time"
         await asyncio.sleep(0.005)
+
+
+def named_events(raw: str) -> list[tuple[str | None, Any]]:
+    """A whole SSE body as (event name, parsed data) pairs; ``[DONE]`` stays a string."""
+    events = []
+    for block in raw.replace("\r\n", "\n").split("\n\n"):
+        name, data = None, []
+        for line in block.split("\n"):
+            if line.startswith("event:"):
+                name = line[len("event:") :].strip()
+            elif line.startswith("data:"):
+                data.append(line[len("data:") :].removeprefix(" "))
+        if data:
+            payload = "\n".join(data)
+            events.append((name, payload if payload == "[DONE]" else json.loads(payload)))
+    return events

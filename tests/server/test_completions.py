@@ -20,7 +20,12 @@ async def test_string_prompt(client, engine):
     assert request.max_tokens == 16  # OpenAI's completions default
     assert choice["text"] == engine.expected_text(request)
     assert choice["finish_reason"] == "length" and choice["logprobs"] is None
-    assert data["usage"] == {"prompt_tokens": 4, "completion_tokens": 16, "total_tokens": 20}
+    assert data["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 16,
+        "total_tokens": 20,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 async def test_list_of_strings_gives_one_choice_set_per_prompt(client, engine):

@@ -5,10 +5,6 @@ and by raw httpx SSE parsing over TCP."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,55 +13,21 @@ import httpx
 import openai
 import pytest
 
-from server.settings import ServerSettings
+from tests.server.live import live_server
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
 API_KEY = "test-key"
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 NO_EOS = {"extra_body": {"ignore_eos": True}}  # exact token counts: the model may emit EOS
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def base_url(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    # Server settings come from the command line only (MTPLX_HOME, MTPLX_BLAS stay).
-    settings = {f"MTPLX_{name.upper()}" for name in ServerSettings.model_fields}
-    env = {k: v for k, v in os.environ.items() if k.upper() not in settings}
-    env["PYTHONPATH"] = str(ROOT)
-    port = _free_port()
     log = tmp_path_factory.mktemp("live") / "server.log"
-    command = [
-        sys.executable, "-m", "mtplx", "serve", str(tiny_checkpoint), "--port", str(port),
-        "--drafter", "mtp", "--draft-layers", "1", "--served-model-name", MODEL,
-        "--api-key", API_KEY, "--log-level", "warning",
-    ]  # fmt: skip
-    with log.open("w") as output:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, f"server exited: {log.read_text()[-2000:]}"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"not healthy: {log.read_text()[-2000:]}"
-            time.sleep(0.1)
+    args = ["--drafter", "mtp", "--draft-layers", "1", "--served-model-name", MODEL]
+    args += ["--api-key", API_KEY, "--log-level", "warning"]
+    with live_server(tiny_checkpoint, log, *args) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 @pytest.fixture(scope="module")

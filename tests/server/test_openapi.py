@@ -23,6 +23,8 @@ def _refs(node: Any) -> list[str]:
     [
         ("/v1/chat/completions", "ChatCompletionRequest", {"model", "messages"}),
         ("/v1/completions", "CompletionRequest", {"model", "prompt"}),
+        ("/v1/messages", "MessagesRequest", {"model", "messages", "max_tokens"}),
+        ("/v1/responses", "ResponsesRequest", {"model", "input"}),
     ],
 )
 async def test_post_routes_declare_their_json_body(client, path, model, required):

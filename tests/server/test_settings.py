@@ -130,3 +130,23 @@ def test_apple_silicon_preset():
 )
 def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0", 0), ("1048576", 1 << 20), ("512M", 512 << 20), ("2G", 2 << 30), ("1.5GiB", 3 << 29)],
+)
+def test_prefix_cache_bytes_takes_sizes(text, expected, tmp_path, monkeypatch):
+    assert load_settings(None, {"prefix_cache_bytes": text}).prefix_cache_bytes == expected
+    monkeypatch.setenv("MTPLX_PREFIX_CACHE_BYTES", text)
+    assert load_settings().prefix_cache_bytes == expected
+    config = tmp_path / "c.yaml"
+    config.write_text(f"prefix_cache_bytes: {text}\n")
+    monkeypatch.delenv("MTPLX_PREFIX_CACHE_BYTES")
+    assert load_settings(config).prefix_cache_bytes == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "5X"])
+def test_prefix_cache_bytes_refuses_what_is_not_a_size(text):
+    with pytest.raises(ValidationError):
+        load_settings(None, {"prefix_cache_bytes": text})

@@ -16,14 +16,14 @@ import httpx
 import pytest
 
 from server.settings import ServerSettings
-from tests.server.test_live_server import ROOT, _free_port
+from tests.server.live import ROOT, free_port
 
 
 def _start(checkpoint: Path, log: Path, shutdown_timeout: float) -> tuple[subprocess.Popen, str]:
     settings = {f"MTPLX_{name.upper()}" for name in ServerSettings.model_fields}
     env = {k: v for k, v in os.environ.items() if k.upper() not in settings}
     env["PYTHONPATH"] = str(ROOT)
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable, "-m", "mtplx", "serve", str(checkpoint), "--port", str(port),
         "--drafter", "ngram", "--served-model-name", "tiny", "--log-level", "warning",

@@ -1,0 +1,56 @@
+"""POST /v1/responses: the OpenAI Responses API, text only and stateless."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from starlette.requests import Request
+
+from server.body import parse_json_body
+from server.context import get_context
+from server.errors import APIError
+from server.generation import ChoiceResult
+from server.responses_api import (
+    ResponseBuilder,
+    ResponsesEvents,
+    ResponsesRequest,
+    renamed_for_responses,
+    to_chat_request,
+)
+from server.routes.common import respond, start_chat
+
+router = APIRouter()
+
+
+@router.post("/v1/responses")
+async def responses(request: Request) -> Response:
+    """A model response to ``input`` (and ``instructions``), streamed as typed events or
+    returned whole."""
+    ctx = get_context(request)
+    body = await parse_json_body(request, ResponsesRequest)
+    ctx.engine()  # 503 while the model loads, before any other check
+    chat = to_chat_request(body)
+    try:
+        prompt, ticket = await start_chat(ctx, chat)
+    except APIError as exc:  # the chat path names chat fields: say this API's names
+        raise renamed_for_responses(exc) from exc
+    builder = ResponseBuilder(body, ctx.model_id())
+
+    def build_reply(
+        results: list[ChoiceResult], usage: dict[str, Any], mtplx: dict[str, Any]
+    ) -> dict[str, Any]:
+        result = results[0]
+        return builder.final(result.text, result.finish_reason, usage, mtplx)
+
+    return await respond(
+        request,
+        ctx,
+        ticket,
+        num_choices=1,
+        prompt_tokens=len(prompt.token_ids),
+        stream=body.stream,
+        build_reply=build_reply,
+        events=ResponsesEvents(builder),
+    )
