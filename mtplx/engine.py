@@ -26,6 +26,7 @@ import mlx.core as mx
 from mtplx.drafters import Drafter, DraftModelDrafter, LookupFirstDrafter, MTPDrafter
 from mtplx.drafters.ngram import NgramDrafter
 from mtplx.errors import InvalidParameter
+from mtplx.grammar import GrammarCompiler
 from mtplx.models.base import LoadedModel, TargetModel
 from mtplx.models.batched import RowOutput, batched_target
 from mtplx.output import TextEmitter
@@ -113,6 +114,7 @@ class Engine:
         self.eos_token_ids = set(model.eos_token_ids) | set(
             getattr(self.tokenizer, "eos_token_ids", set()) or set()
         )
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
         self.running: list[Sequence] = []
         self.num_steps = 0
         self.num_step_tokens = 0  # tokens committed by all steps, for /metrics
@@ -195,6 +197,9 @@ class Engine:
             stop_ids=stop_ids,
             stats=GenerationStats(prompt_tokens=len(prompt)),
             token_counts=mx.zeros((self.vocab_size,), mx.int32) if config.has_penalties else None,
+            grammar=None
+            if request.grammar is None
+            else self.grammars.state(request.grammar, stop_ids),
             tag=tag,
         )
         if drafter is not None:
@@ -300,7 +305,8 @@ class Engine:
                 # Commit the queued forward's token first; draft after it next step.
                 self._close_ahead(sequence, events)
                 sequence.planned = plan
-            elif plan.num_draft == 0 and not sequence.config.has_penalties:
+            elif plan.num_draft == 0 and not sequence.config.has_penalties and not sequence.grammar:
+                # Not with a grammar either: the mask needs the previous token read first.
                 plain.append(sequence)
             else:
                 drafting.append(sequence)
@@ -340,6 +346,9 @@ class Engine:
             mx.async_eval([(a.logits, a.hidden, a.sample) for a in queued.values()])
             verdicts = {}
             decoded = outputs[len(plain) : len(plain) + len(drafting)]
+            if any(s.grammar is not None for s in drafting):
+                # Compute the forward while verify works out the grammar masks on the CPU.
+                mx.async_eval([output.logits for output in decoded])
             for sequence, output in zip(drafting, decoded, strict=True):
                 verdicts[sequence] = (output, *verify(sequence, drafts[sequence], output))
             prefilled = outputs[len(plain) + len(drafting) :]
@@ -489,9 +498,19 @@ class Engine:
     def _first_token(self, sequence: Sequence, output: RowOutput) -> None:
         """Sample the token after the prompt and bring the drafter up to date."""
         counts = None if sequence.token_counts is None else sequence.token_counts[None]
-        probs = mx_distribution_from_logits(output.logits, sequence.config, counts)
+        grammar, mask = sequence.grammar, None
+        if grammar is not None:
+            allowed = grammar.allowed()
+            mask = None if allowed is None else mx.array(allowed)[None]
+        probs = mx_distribution_from_logits(output.logits, sequence.config, counts, mask)
         uniform = cycle_uniforms(sequence.seed, sequence.num_prompt_tokens, 0)
         token = int(mx_sample(probs, uniform).item())
+        committed = [token]
+        if grammar is not None:
+            if grammar.finished:  # a grammar that allows only the empty text
+                committed = []
+            else:
+                grammar.consume(token)
         drafter = sequence.drafter
         if drafter is not None:
             hidden = None
@@ -499,7 +518,7 @@ class Engine:
                 hidden = mx.concatenate(sequence.prefill_hidden, axis=0)[None]
             drafter.commit([*sequence.tokens[1:], token], hidden)
         sequence.prefill_hidden = []
-        sequence.pending = CycleResult([token], 0, 0, output.logits, 0.0, 0.0)
+        sequence.pending = CycleResult(committed, 0, 0, output.logits, 0.0, 0.0)
 
     def _emit(self, sequence: Sequence) -> list[Event]:
         """Turn the row's committed tokens into events; finish it on a stop condition."""
@@ -519,7 +538,10 @@ class Engine:
                 return [*events, self._finish(sequence, "stop", stop_sequence=emitter.matched)]
             if sequence.num_output_tokens >= request.max_tokens:
                 return [*events, self._finish(sequence, "length", emitter.flush())]
-        if sequence.token_counts is not None:
+        if sequence.grammar is not None and sequence.grammar.finished:
+            # Complete with no continuation: plain decoding would stop here with certainty.
+            return [*events, self._finish(sequence, "stop", emitter.flush())]
+        if sequence.token_counts is not None and result.committed:
             committed = mx.array(result.committed, mx.int32)
             sequence.token_counts = sequence.token_counts.at[committed].add(1)
         if len(sequence.tokens) >= self.context_length:
@@ -551,6 +573,10 @@ class Engine:
         self.calibrated = True
         if self.prefix is not None:
             self.prefix.restart()  # calibration's own prompts: blocks and counts
+        try:
+            self.grammars.warm()
+        except Exception:  # a tokenizer llguidance cannot read: constrained requests fail alone
+            logger.warning("constrained decoding is unavailable for this tokenizer", exc_info=True)
 
 
 def _drafter_factories(

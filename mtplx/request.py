@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mtplx.errors import InvalidParameter
+from mtplx.grammar import GrammarSpec, check_grammar
 from mtplx.sampling import SamplerConfig
 
 DRAFTER_NAMES = ("mtp+ngram", "draft_model+ngram", "mtp", "draft_model", "ngram", "none")
@@ -21,7 +22,8 @@ class GenerationRequest:
     ``drafter`` None means the engine's default drafter; ``depth`` None means the adaptive
     depth policy, an integer a fixed number of draft tokens per cycle (0 = plain decoding).
     ``logprobs`` None means no logprobs; k >= 0 means the sampled token's logprob plus the
-    k most likely alternatives (OpenAI's ``top_logprobs``).
+    k most likely alternatives (OpenAI's ``top_logprobs``). ``grammar`` constrains the
+    output (JSON, a JSON schema, a regex, a Lark grammar); it is validated here.
     """
 
     prompt_ids: Sequence[int]
@@ -33,6 +35,7 @@ class GenerationRequest:
     drafter: str | None = None
     depth: int | None = None
     logprobs: int | None = None
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -59,6 +62,8 @@ class GenerationRequest:
             raise InvalidParameter("logprobs", f"logprobs must be in [0, 20], got {self.logprobs}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidParameter("stop", "stop must be a list of non-empty strings")
+        if self.grammar is not None:
+            check_grammar(self.grammar)
 
 
 @dataclass(frozen=True)

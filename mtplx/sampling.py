@@ -231,14 +231,22 @@ def apply_top_p_top_k(
 
 
 def distribution_from_logits(
-    logits: np.ndarray, config: SamplerConfig, token_counts: np.ndarray | None = None
+    logits: np.ndarray,
+    config: SamplerConfig,
+    token_counts: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The sampling distribution for one position: penalties and bias, temperature, filters.
+    """The sampling distribution for one position: penalties and bias, the grammar mask,
+    temperature, filters.
 
-    logits: [V] (or [..., V]); returns probabilities [..., V] in float64 that sum to 1.
+    logits: [V] (or [..., V]); mask: [V] (or [..., V]) bool, the tokens a grammar allows
+    (None: all), at least one per row. Returns probabilities [..., V] in float64 that sum to
+    1: with a mask, p renormalised over the allowed tokens (the filters then act on that).
     Temperature 0 returns the one-hot argmax (ties to the lowest token id).
     """
     logits = apply_penalties(np.asarray(logits, dtype=np.float64), token_counts, config)
+    if mask is not None:
+        logits = np.where(mask, logits, -np.inf)
     if config.is_greedy:
         one_hot = np.zeros_like(logits)
         np.put_along_axis(one_hot, np.argmax(logits, axis=-1)[..., None], 1.0, axis=-1)
@@ -436,10 +444,16 @@ def mx_apply_top_p_top_k(
 
 
 def mx_distribution_from_logits(
-    logits: mx.array, config: SamplerConfig, token_counts: mx.array | None = None
+    logits: mx.array,
+    config: SamplerConfig,
+    token_counts: mx.array | None = None,
+    mask: mx.array | None = None,
 ) -> mx.array:
-    """MLX twin of ``distribution_from_logits``. logits: [..., V]; returns float32 [..., V]."""
+    """MLX twin of ``distribution_from_logits``. logits: [..., V]; mask: [..., V] bool or
+    None (no grammar: the graph is exactly the unmasked one); returns float32 [..., V]."""
     logits = mx_apply_penalties(logits.astype(mx.float32), token_counts, config)
+    if mask is not None:
+        logits = mx.where(mask, logits, -mx.inf)
     if config.is_greedy:
         vocab_ids = mx.arange(logits.shape[-1])
         return (vocab_ids == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)

@@ -16,6 +16,7 @@ from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, Token
 from mtplx.sampling import SamplerConfig
 
 if TYPE_CHECKING:
+    from mtplx.grammar import GrammarState
     from mtplx.speculative import Ahead, CycleResult
 
 Event = TokenEvent | FinishEvent
@@ -41,6 +42,7 @@ class Sequence:
     stop_ids: set[int]
     stats: GenerationStats
     token_counts: mx.array | None = None  # [V] output token counts, when penalties are on
+    grammar: GrammarState | None = None  # the constraint's state after the committed tokens
     num_prefilled: int = 0  # prompt tokens already in the target row
     prefill_hidden: list[mx.array] = field(default_factory=list)  # [T, H] chunks, for drafters
     pending: CycleResult | None = None  # committed, not yet emitted

@@ -19,7 +19,7 @@ drafts against the queued forward's logits instead would spend that forward's to
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
@@ -119,6 +119,7 @@ class Draft:
     num_planned: int
     draft_time: float
     checkpoint: object = None  # the row's state before the forward (recurrent targets)
+    masks: list[mx.array] = field(default_factory=list)  # k x [V] bool grammar masks
 
     @property
     def num_drafted(self) -> int:
@@ -143,10 +144,46 @@ def propose(sequence: Sequence, num_draft: int, vocab_size: int) -> Draft:
             uniforms[:num_draft],
             sequence.token_counts,
             drafter.draft_vocab,
+            sequence.grammar,
         )
         tokens, qs = drafter.propose(sequence.tokens, num_draft, sampler)
+        masks: list[mx.array] = []
+        if sequence.grammar is not None and tokens:
+            masks = sampler.masks if sampler.num_drawn else _lookup_masks(sequence, tokens)
+            tokens, qs = tokens[: len(masks)], qs[: len(masks)]
     drafted = mx.stack(tokens).astype(mx.int32) if tokens else mx.zeros((0,), mx.int32)
-    return Draft(drafted, qs, uniforms, num_draft, time.perf_counter() - started)
+    draft = Draft(drafted, qs, uniforms, num_draft, time.perf_counter() - started)
+    if sequence.grammar is not None and tokens:
+        draft.masks = masks
+    return draft
+
+
+def _lookup_masks(sequence: Sequence, tokens: list[mx.array]) -> list[mx.array]:
+    """Proposals that never saw the grammar (n-gram lookup, one-hot q): advance the grammar
+    through the longest prefix it allows and return the mask at each of those positions (a
+    forbidden token ends the draft: its q would be masked to nothing)."""
+    grammar = sequence.grammar
+    assert grammar is not None
+    masks = []
+    for token in tokens:
+        allowed = grammar.allowed()
+        token_id = int(token.item())
+        if allowed is None or not allowed[token_id]:
+            break
+        masks.append(mx.array(allowed))
+        grammar.consume(token_id)
+    return masks
+
+
+def grammar_masks(sequence: Sequence, draft: Draft, vocab_size: int) -> mx.array | None:
+    """[k+1, V] bool: the grammar mask at each verify position (the draft's k, then the
+    state after the draft, computed now, while the forward runs), or None without a grammar.
+    A state that allows nothing gets no mask: what is sampled there is never committed."""
+    if sequence.grammar is None:
+        return None
+    allowed = sequence.grammar.allowed()
+    final = mx.ones((vocab_size,), mx.bool_) if allowed is None else mx.array(allowed)
+    return mx.stack([*draft.masks, final])
 
 
 def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.array, mx.array]:
@@ -154,7 +191,10 @@ def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.arra
     output_tokens [1, k+1] int32; see mx_verify_draft_tokens)."""
     k, planned = draft.num_drafted, draft.num_planned
     target_probs = mx_distribution_from_logits(
-        output.logits, sequence.config, position_counts(sequence.token_counts, draft.tokens)
+        output.logits,
+        sequence.config,
+        position_counts(sequence.token_counts, draft.tokens),
+        grammar_masks(sequence, draft, output.logits.shape[-1]),
     )  # [k+1, V]
     draft_probs = (
         mx.stack(draft.qs)[None] if k else mx.zeros((1, 0, target_probs.shape[-1]), mx.float32)
@@ -182,6 +222,13 @@ def commit(
     num_accepted = int(num_accepted_array.item())
     committed = [int(t) for t in output_tokens[0, : num_accepted + 1].tolist()]
     num_rejected = draft.num_drafted - num_accepted
+    grammar = sequence.grammar
+    if grammar is not None:
+        grammar.rollback(num_rejected)
+        if grammar.finished:  # the accepted drafts ended it: what follows was not constrained
+            committed = committed[:-1]
+        else:
+            grammar.consume(committed[-1])
     if num_rejected:
         if draft.checkpoint is None:
             target.trim(sequence.row, num_rejected)
@@ -192,13 +239,13 @@ def commit(
             mx.eval(target.forward([sequence.row], [inputs])[0].hidden)
     drafter = sequence.drafter
     if drafter is not None:
-        hidden = output.hidden[None, : num_accepted + 1] if drafter.needs_hidden else None
+        hidden = output.hidden[None, : len(committed)] if drafter.needs_hidden else None
         drafter.commit(committed, hidden)
     return CycleResult(
         committed=committed,
         num_drafted=draft.num_drafted,
         num_accepted=num_accepted,
-        target_logits=output.logits[: num_accepted + 1],
+        target_logits=output.logits[: len(committed)],
         draft_time=draft.draft_time,
         verify_time=verify_time,
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mtplx.grammar import GrammarSpec
 from mtplx.request import GenerationRequest
 from mtplx.sampling import SamplerConfig
 from mtplx.scheduler import EngineLike
@@ -13,6 +14,7 @@ from server.errors import APIError, from_value_error
 from server.prompts import Prompt, count_prompts
 from server.schemas import ChatCompletionRequest, CompletionRequest, unsupported_fields
 from server.settings import ServerSettings
+from server.structured import grammar_for
 
 __all__ = ["aliases_for", "build_requests", "check_common"]
 
@@ -138,9 +140,12 @@ def build_requests(
     prompts: Sequence[Prompt],
     engine: EngineLike,
     settings: ServerSettings,
+    grammar: GrammarSpec | None = None,
 ) -> list[GenerationRequest]:
     """One GenerationRequest per choice, prompt-major: choice ``p * n + i`` is sample i of
-    prompt p. With a seed, choice k uses ``seed + k``, so every choice is reproducible."""
+    prompt p. With a seed, choice k uses ``seed + k``, so every choice is reproducible.
+    ``grammar``: a constraint the caller chose (tool calls); else the request's own
+    ``response_format`` / ``mtplx.regex`` / ``mtplx.grammar``."""
     aliases = aliases_for(body)
     prompt_param = aliases["prompt"]
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -153,6 +158,12 @@ def build_requests(
     # overrides the server's configured default.
     explicit_depth = options is not None and "depth" in options.model_fields_set
     depth = options.depth if explicit_depth else engine.default_depth
+    if grammar is None:
+        grammar = grammar_for(
+            body.response_format,
+            options.regex if options else None,
+            options.grammar if options else None,
+        )
     requests = []
     for p, prompt in enumerate(prompts):
         if len(prompt.token_ids) >= engine.context_length:
@@ -190,6 +201,7 @@ def build_requests(
                         drafter=drafter,
                         depth=depth,
                         logprobs=logprobs,
+                        grammar=grammar,
                     )
                 )
             except ValueError as exc:

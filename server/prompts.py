@@ -68,6 +68,8 @@ def _too_long(param: str, size: str, context_length: int) -> APIError:
 
 
 def _content_chars(message: ChatMessage) -> int:
+    if message.content is None:
+        return 0
     if isinstance(message.content, str):
         return len(message.content)
     return sum(len(part.text or "") for part in message.content)
@@ -110,7 +112,10 @@ def check_prompt_size(
                 )
 
 
-def _message_text(message: ChatMessage, index: int) -> str:
+def message_text(message: ChatMessage, index: int) -> str:
+    """The text of a message's content (text parts joined by newlines; null is empty)."""
+    if message.content is None:
+        return ""
     if isinstance(message.content, str):
         return message.content
     texts = []
@@ -146,25 +151,35 @@ def _as_token_ids(tokenizer: Any, value: Any) -> list[int]:
 
 
 def chat_prompt(
-    tokenizer: Any, messages: Sequence[ChatMessage], continue_final: bool = False
+    tokenizer: Any,
+    messages: Sequence[ChatMessage],
+    continue_final: bool = False,
+    conversation: list[dict[str, Any]] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Prompt:
     """Token ids of the conversation under the model's chat template (generation prompt
     appended). ``developer`` is sent to the template as ``system``.
 
     With ``continue_final`` a last assistant message is a prefill (Anthropic's rule): the
     reply continues that text, so it follows the generation prompt as plain tokens instead of
-    being rendered as a finished turn."""
+    being rendered as a finished turn. ``conversation``: the messages already rendered as
+    template dicts (tool calling does that); ``tools``: tool definitions for a template that
+    renders them itself."""
     if continue_final and len(messages) > 1 and messages[-1].role == "assistant":
         head = chat_prompt(tokenizer, messages[:-1])
-        prefill = _message_text(messages[-1], len(messages) - 1)
+        prefill = message_text(messages[-1], len(messages) - 1)
         ids = tokenizer.encode(prefill, add_special_tokens=False) if prefill else []
         return Prompt(head.token_ids + [int(t) for t in ids], "")
-    conversation = [
-        {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m, i)}
-        for i, m in enumerate(messages)
-    ]
+    if conversation is None:
+        conversation = [
+            {"role": "system" if m.role == "developer" else m.role, "content": message_text(m, i)}
+            for i, m in enumerate(messages)
+        ]
+    extra = {"tools": tools} if tools else {}
     try:
-        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=True, **extra
+        )
     except (ValueError, TypeError, KeyError) as exc:  # no template, or one rejecting the roles
         raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
     return Prompt(_as_token_ids(tokenizer, ids), "")

@@ -19,8 +19,11 @@ __all__ = [
     "ChatMessage",
     "CompletionRequest",
     "ContentPart",
+    "FunctionDefinition",
     "MtplxOptions",
     "StreamOptions",
+    "Tool",
+    "ToolCall",
     "unsupported_fields",
 ]
 
@@ -44,6 +47,8 @@ class MtplxOptions(_Strict):
 
     drafter: Literal[DRAFTER_NAMES] | None = None  # type: ignore[valid-type]
     depth: int | None = Field(None, ge=0, le=MAX_DEPTH)
+    regex: str | None = None  # constrain the output to this regex (llguidance syntax)
+    grammar: str | None = None  # ... or to this Lark grammar
 
 
 class StreamOptions(_Strict):
@@ -62,12 +67,58 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
-class ChatMessage(_Strict):
-    """A system / developer / user / assistant message."""
+class FunctionCall(_Strict):
+    """``function`` of an assistant's tool call: ``arguments`` is a JSON string."""
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict):
+    """One tool call in an assistant message of the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(_Strict):
+    """A callable function: ``parameters`` is a JSON schema of its arguments object."""
+
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    """``{"type": "function", "function": {...}}``."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice`` naming one function."""
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ChatMessage(_Strict):
+    """A system / developer / user / assistant / tool message. An assistant message may
+    carry ``tool_calls`` (content then may be null); a tool message answers one by
+    ``tool_call_id``."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 class _SamplingFields(_Strict):
@@ -101,13 +152,13 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: Any = None  # checked by server.structured
     # Defined by OpenAI, not implemented here: rejected with a 400 naming the field.
-    tools: Any = None
-    tool_choice: Any = None
     functions: Any = None
     function_call: Any = None
-    parallel_tool_calls: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -122,15 +173,13 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
     best_of: int | None = Field(None, ge=1)
+    response_format: Any = None  # checked by server.structured
     suffix: Any = None
 
 
 _UNSUPPORTED = {
-    "tools": "tool calling is not supported",
-    "tool_choice": "tool calling is not supported",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
-    "parallel_tool_calls": "tool calling is not supported",
+    "functions": "the deprecated 'functions' is not supported: use 'tools'",
+    "function_call": "the deprecated 'function_call' is not supported: use 'tool_choice'",
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "prediction": "predicted outputs are not supported",
@@ -148,9 +197,6 @@ def unsupported_fields(body: BaseModel) -> tuple[str, str] | None:
         if value is None or value == [] or (name == "modalities" and value == ["text"]):
             continue  # absent, or the value that asks for nothing beyond text
         return name, reason
-    response_format = values.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        return "response_format", "only response_format {'type': 'text'} is supported"
     best_of = values.get("best_of")
     if best_of is not None and best_of > 1:
         return "best_of", "best_of > 1 is not supported"

@@ -31,8 +31,13 @@ __all__ = [
 ]
 
 
+Chunks = dict[str, Any] | list[dict[str, Any]] | None
+
+
 class ChunkFormatter(Protocol):
-    """Builds the JSON chunks of one streaming reply."""
+    """Builds the JSON chunks of one streaming reply. ``token``, ``tail`` and ``finish`` may
+    answer several chunks or none (a reply with tools holds text back while it may be a
+    tool call)."""
 
     wants_logprobs: bool
 
@@ -40,16 +45,16 @@ class ChunkFormatter(Protocol):
         """The first chunk of a choice (chat: the role delta; completions: echo), or None."""
         ...
 
-    def token(self, index: int, event: TokenEvent) -> dict[str, Any]:
+    def token(self, index: int, event: TokenEvent) -> Chunks:
         """A chunk carrying one token's text (and logprobs when asked)."""
         ...
 
-    def tail(self, index: int, text: str) -> dict[str, Any]:
+    def tail(self, index: int, text: str) -> Chunks:
         """A chunk carrying text that belongs to no single token: the tail the detokenizer
         (or a possible stop-string prefix) held back until the choice ended."""
         ...
 
-    def finish(self, index: int, reason: str) -> dict[str, Any]:
+    def finish(self, index: int, reason: str) -> Chunks:
         """The last chunk of a choice, carrying finish_reason."""
         ...
 
@@ -97,6 +102,14 @@ def data_event(chunk: dict[str, Any], event: str | None = None) -> SSE:
 DONE: SSE = {"data": "[DONE]"}
 
 
+def _all(chunks: Chunks) -> list[SSE]:
+    """A formatter may answer one chunk, several (tool-call deltas) or none (text held
+    back while it may be a tool call)."""
+    if chunks is None:
+        return []
+    return [data_event(chunk) for chunk in (chunks if isinstance(chunks, list) else [chunks])]
+
+
 class OpenAIChunkEvents:
     """OpenAI's chunk stream (chat and completions): ``data:`` chunks from a
     ``ChunkFormatter``, the usage chunk when ``include_usage``, then ``data: [DONE]``."""
@@ -113,12 +126,12 @@ class OpenAIChunkEvents:
         # An empty piece is a character still incomplete: nothing to send, unless the
         # client wants this token's logprob.
         if event.text or self.formatter.wants_logprobs:
-            return [data_event(self.formatter.token(index, event))]
+            return _all(self.formatter.token(index, event))
         return []
 
     def finish(self, index: int, event: FinishEvent) -> list[SSE]:
-        events = [data_event(self.formatter.tail(index, event.text))] if event.text else []
-        return [*events, data_event(self.formatter.finish(index, event.finish_reason))]
+        events = _all(self.formatter.tail(index, event.text)) if event.text else []
+        return [*events, *_all(self.formatter.finish(index, event.finish_reason))]
 
     def closing(self, usage: dict[str, Any], mtplx: dict[str, Any]) -> list[SSE]:
         events = [data_event(self.formatter.usage(usage, mtplx))] if self.include_usage else []

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
+import numpy as np
 
 from mtplx.sampling import SamplerConfig, mx_distribution_from_logits, mx_sample
+
+if TYPE_CHECKING:
+    from mtplx.grammar import GrammarState
 
 
 class DraftSampler:
@@ -17,6 +21,12 @@ class DraftSampler:
     the earlier draft tokens of the cycle, as the target's p at that position does. Logits over
     a reduced draft vocabulary are scattered into the full vocabulary with -inf elsewhere, so q
     is exactly zero outside it and acceptance stays exact.
+
+    With a grammar, each draft token is drawn from q masked by the grammar state after the
+    earlier draft tokens (the same mask the target's p gets at that position), and advances
+    the state; the masks are kept for the verification. Where the grammar allows nothing
+    the drafter can propose (it is complete, or its next tokens are outside a reduced draft
+    vocabulary), the draft ends: ``num_valid`` tokens count, the rest are discarded.
     """
 
     def __init__(
@@ -26,25 +36,49 @@ class DraftSampler:
         uniforms: mx.array,
         token_counts: mx.array | None = None,
         draft_vocab: mx.array | None = None,
+        grammar: GrammarState | None = None,
     ) -> None:
         """uniforms: [k] one per draft position; token_counts: [V]; draft_vocab: [V'] target
-        token id of each draft-vocabulary entry."""
+        token id of each draft-vocabulary entry; grammar: the sequence's grammar state
+        (advanced by the draft tokens; the caller rolls it back)."""
         self.config = config
         self.vocab_size = vocab_size
         self.uniforms = uniforms
         self.token_counts = token_counts if config.has_penalties else None
         self.draft_vocab = draft_vocab
         self.num_drawn = 0
+        self.grammar = grammar
+        self.masks: list[mx.array] = []  # [V] bool, the grammar mask of each valid position
+        self.num_valid = 0  # draft tokens the grammar allowed, in a row (all without one)
+        self._ended = False
+        self._draft_ids = None if draft_vocab is None else np.array(draft_vocab)
+
+    def _grammar_mask(self) -> mx.array | None:
+        """[V] bool mask for the next draft position; None without a grammar or once the
+        draft has ended (that token is then drawn unmasked and discarded)."""
+        if self.grammar is None or self._ended:
+            return None
+        allowed = self.grammar.allowed()
+        if allowed is None or (self._draft_ids is not None and not allowed[self._draft_ids].any()):
+            self._ended = True
+            return None
+        mask = mx.array(allowed)
+        self.masks.append(mask)
+        return mask
 
     def __call__(self, logits: mx.array) -> tuple[mx.array, mx.array]:
         """logits: [V] or [V'] for the next draft position -> (token [] int32, q [V])."""
+        mask = self._grammar_mask()
         if self.draft_vocab is not None and not self.config.logit_bias:
             # Filter and draw over the V' draft entries, then scatter q into [V]: the token is
             # drawn from exactly the q that is reported, at a fraction of the full-row cost.
             counts = self._counts()
             if counts is not None:
                 counts = counts[:, self.draft_vocab]
-            small = mx_distribution_from_logits(logits[None], self.config, counts)  # [1, V']
+            small_mask = None if mask is None else mask[self.draft_vocab][None]
+            small = mx_distribution_from_logits(
+                logits[None], self.config, counts, small_mask
+            )  # [1, V']
             index = self._draw(small)
             token = self.draft_vocab[index].astype(mx.int32)
             q = mx.zeros((self.vocab_size,), mx.float32)
@@ -54,11 +88,19 @@ class DraftSampler:
                 full = mx.full((self.vocab_size,), -mx.inf, dtype=mx.float32)
                 full[self.draft_vocab] = logits.astype(mx.float32)
                 logits = full
-            q = mx_distribution_from_logits(logits[None], self.config, self._counts())[0]
+            masks = None if mask is None else mask[None]
+            q = mx_distribution_from_logits(logits[None], self.config, self._counts(), masks)[0]
             token = self._draw(q[None]).astype(mx.int32)
         if self.token_counts is not None:
             self.token_counts = self.token_counts + (mx.arange(self.vocab_size) == token)
         self.num_drawn += 1
+        if self.grammar is None:
+            self.num_valid = self.num_drawn
+        elif mask is not None:
+            # The next position's mask depends on this token: read it now (constrained
+            # drafts are drawn one synchronised token at a time).
+            self.grammar.consume(int(token.item()))
+            self.num_valid += 1
         return token, q
 
     def _draw(self, probs: mx.array) -> mx.array:

@@ -17,6 +17,8 @@ from server.params import aliases_for, build_requests, check_common
 from server.prompts import chat_prompt, check_prompt_size, in_tokenizer_thread
 from server.routes.common import new_id, respond
 from server.schemas import ChatCompletionRequest
+from server.tool_stream import ToolCallStream
+from server.tools import call_style, parse_tool_calls, plan_tools, render_conversation
 
 router = APIRouter()
 
@@ -79,25 +81,52 @@ async def chat_completions(request: Request) -> Response:
     engine = ctx.engine()
     check_common(body, ctx.settings, ctx.model_names())
     check_prompt_size(body, engine.context_length)
-    prompt = await in_tokenizer_thread(chat_prompt, engine.tokenizer, body.messages)
-    requests = build_requests(body, [prompt], engine, ctx.settings)
+    plan = plan_tools(body, engine.tokenizer)
+    conversation, tools = render_conversation(body.messages, plan, call_style(engine.tokenizer))
+    prompt = await in_tokenizer_thread(
+        chat_prompt, engine.tokenizer, body.messages, False, conversation, tools
+    )
+    grammar = plan.grammar() if plan is not None else None
+    options = body.mtplx
+    if (
+        plan is not None
+        and plan.choice == "auto"
+        and (
+            body.response_format not in (None, {"type": "text"})
+            or (options is not None and (options.regex or options.grammar))
+        )
+    ):
+        grammar = None  # the request's own constraint shapes a reply that calls no tool
+    requests = build_requests(body, [prompt], engine, ctx.settings, grammar)
     ticket = submit(ctx.scheduler, requests, aliases_for(body))
     model = ctx.model_id()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     chunks = ChatChunks(model, engine.token_text, body.logprobs, include_usage)
 
+    def message(result: ChoiceResult) -> tuple[dict[str, Any], str | None]:
+        if plan is None:
+            return {"role": "assistant", "content": result.text}, result.finish_reason
+        content, calls = parse_tool_calls(result.text, plan)
+        if not calls:
+            return {"role": "assistant", "content": result.text}, result.finish_reason
+        return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+
     def build_reply(
         results: list[ChoiceResult], usage: dict[str, int], mtplx: dict[str, Any]
     ) -> dict[str, Any]:
-        choices = [
-            {
-                "index": r.index,
-                "message": {"role": "assistant", "content": r.text},
-                "logprobs": chat_logprobs(engine.token_text, r.tokens) if body.logprobs else None,
-                "finish_reason": r.finish_reason,
-            }
-            for r in results
-        ]
+        choices = []
+        for r in results:
+            reply, finish_reason = message(r)
+            choices.append(
+                {
+                    "index": r.index,
+                    "message": reply,
+                    "logprobs": (
+                        chat_logprobs(engine.token_text, r.tokens) if body.logprobs else None
+                    ),
+                    "finish_reason": finish_reason,
+                }
+            )
         return {
             "id": chunks.id,
             "object": "chat.completion",
@@ -116,6 +145,6 @@ async def chat_completions(request: Request) -> Response:
         prompt_tokens=len(prompt.token_ids),
         stream=body.stream,
         include_usage=include_usage,
-        formatter=chunks,
+        formatter=chunks if plan is None else ToolCallStream(chunks, plan),
         build_reply=build_reply,
     )

@@ -111,14 +111,18 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ("unknown-field", CHAT, chat_body(frobnicate=1), 400, "frobnicate", "unknown_parameter"),
     # A field named like one of FastAPI's value sources is still the field.
     ("unknown-field-query", CHAT, chat_body(query=1), 400, "query", "unknown_parameter"),
-    ("tools", CHAT, chat_body(tools=[{"type": "function"}]), 400, "tools", "unsupported_parameter"),
+    ("tools", CHAT, chat_body(tools=[{"type": "function"}]), 400, "tools[0].function", None),
+    ("tool-choice", CHAT, chat_body(tool_choice="auto"), 400, "tool_choice", "invalid_value"),
     (
-        "tool-choice",
+        "tool-choice-unknown-function",
         CHAT,
-        chat_body(tool_choice="auto"),
+        chat_body(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        ),
         400,
         "tool_choice",
-        "unsupported_parameter",
+        "invalid_value",
     ),
     (
         "functions",
@@ -131,10 +135,39 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     (
         "response-format-json",
         CHAT,
-        chat_body(response_format={"type": "json_object"}),
+        chat_body(response_format={"type": "json_schema"}),
         400,
-        "response_format",
-        "unsupported_parameter",
+        "response_format.json_schema",
+        "invalid_value",
+    ),
+    (
+        "response-format-bad-schema",
+        CHAT,
+        chat_body(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "foo"}},
+            }
+        ),
+        400,
+        "response_format.json_schema.schema",
+        "invalid_value",
+    ),
+    (
+        "response-format-bad-regex",
+        COMPLETIONS,
+        {"model": "fake-model", "prompt": "x", "mtplx": {"regex": "a(b"}},
+        400,
+        "mtplx.regex",
+        "invalid_value",
+    ),
+    (
+        "response-format-unknown-type",
+        CHAT,
+        chat_body(response_format={"type": "xml"}),
+        400,
+        "response_format.type",
+        "invalid_value",
     ),
     ("unknown-model", CHAT, {**chat_body(), "model": "gpt-9"}, 404, "model", "model_not_found"),
     ("unknown-drafter", CHAT, chat_body(mtplx={"drafter": "magic"}), 400, "mtplx.drafter", None),

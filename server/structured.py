@@ -1,0 +1,97 @@
+"""Structured output: OpenAI's ``response_format`` and the ``mtplx`` grammar extension,
+turned into the engine's GrammarSpec (the engine masks sampling with it).
+
+- ``{"type": "text"}`` (or absent): no constraint.
+- ``{"type": "json_object"}``: any JSON object.
+- ``{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}``:
+  JSON valid under ``schema`` (``strict`` is accepted either way: the constraint is always
+  enforced).
+- ``"mtplx": {"regex": "..."}`` or ``{"grammar": "<Lark>"}``: llguidance's regex / Lark.
+
+JSON is generated without free-form whitespace (``{"a": 1, "b": [2, 3]}`` style), so a small
+model cannot wander into endless newlines inside an object.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mtplx.grammar import GrammarSpec
+from server.errors import APIError
+
+__all__ = ["JSON_OPTIONS", "grammar_for", "json_schema_spec"]
+
+# llguidance's JSON options, in the schema's "x-guidance" key (a schema's own wins).
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+def _bad(message: str, param: str = "response_format") -> APIError:
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def json_schema_spec(schema: Any, param: str) -> GrammarSpec:
+    """GrammarSpec of a JSON schema (a dict or a boolean), with MTPLX's JSON options."""
+    if isinstance(schema, bool):
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise _bad(f"the JSON schema must be an object, got {type(schema).__name__}", param)
+    options = {**JSON_OPTIONS, **schema.get("x-guidance", {})}
+    return GrammarSpec.json_schema({**schema, "x-guidance": options}, param=param)
+
+
+def _response_format(value: Any) -> GrammarSpec | None:
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise _bad("response_format must be an object with a 'type'")
+    kind = value["type"]
+    extra = set(value) - {"type", "json_schema"}
+    if extra:
+        raise _bad(f"response_format has unknown fields: {sorted(extra)}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_schema_spec({"type": "object"}, "response_format")
+    if kind != "json_schema":
+        raise _bad(
+            f"response_format type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+            "response_format.type",
+        )
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise _bad("response_format.json_schema is required", "response_format.json_schema")
+    unknown = set(spec) - {"name", "schema", "strict", "description"}
+    if unknown:
+        raise _bad(f"unknown fields {sorted(unknown)}", "response_format.json_schema")
+    if not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise _bad("json_schema.name is required", "response_format.json_schema.name")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise _bad("json_schema.strict must be a boolean", "response_format.json_schema.strict")
+    schema = spec.get("schema", {})
+    try:
+        json.dumps(schema)
+    except (TypeError, ValueError) as exc:
+        raise _bad(f"schema is not JSON: {exc}", "response_format.json_schema.schema") from exc
+    return json_schema_spec(schema, "response_format.json_schema.schema")
+
+
+def grammar_for(response_format: Any, regex: str | None, grammar: str | None) -> GrammarSpec | None:
+    """The request's constraint (at most one of the three), not yet validated: the engine's
+    GenerationRequest validates it and names the field."""
+    chosen = [
+        name
+        for name, value in (
+            ("response_format", response_format),
+            ("regex", regex),
+            ("grammar", grammar),
+        )
+        if value is not None and value != {"type": "text"}
+    ]
+    if len(chosen) > 1:
+        raise _bad(f"send one constraint, not {' and '.join(chosen)}", chosen[1])
+    if regex is not None:
+        return GrammarSpec("regex", regex, param="mtplx.regex")
+    if grammar is not None:
+        return GrammarSpec("lark", grammar, param="mtplx.grammar")
+    if response_format is None:
+        return None
+    return _response_format(response_format)

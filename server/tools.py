@@ -1,0 +1,300 @@
+"""Tool calling in OpenAI's shape: ``tools``, ``tool_choice``, ``parallel_tool_calls``, the
+history's assistant ``tool_calls`` and ``tool`` messages, and the model's calls parsed back
+into ``message.tool_calls``.
+
+Two ways to put tools in the prompt:
+
+- native: a chat template that renders tools itself (Qwen3 / Qwen3.5 / Hermes ``<tool_call>``,
+  Llama 3.x, DeepSeek) gets them through ``apply_chat_template(tools=...)``, and the model's
+  own call syntax is parsed.
+- generic (a template without tools, such as the default model's SmolLM2): the definitions
+  go into the system prompt with an instruction to answer with one JSON object
+  ``{"tool_calls": [{"name": ..., "arguments": {...}}]}``.
+
+With ``tool_choice`` ``required`` or a named function the output is constrained by a grammar
+of exactly that call format (the function names and each function's parameter schema), so it
+always parses. With ``auto`` the model chooses; output that does not parse as calls to the
+given functions is returned as content, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from mtplx.grammar import GrammarSpec
+from server.errors import APIError
+from server.prompts import message_text
+from server.schemas import ChatCompletionRequest, ChatMessage, Tool
+from server.structured import JSON_OPTIONS
+
+__all__ = ["ToolPlan", "parse_tool_calls", "plan_tools", "render_conversation"]
+
+HERMES, LLAMA, DEEPSEEK, GENERIC = "hermes", "llama", "deepseek", "generic"
+DS_CALLS = "<｜tool▁calls▁begin｜>"
+DS_CALL = re.compile(
+    r"<｜tool▁call▁begin｜>(?:function)?<｜tool▁sep｜>([^\n]+)\n```(?:json)?\n(.*?)\n```",
+    re.DOTALL,
+)
+HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+# Where a tool call may begin in the middle of the text (a streamed reply holds text back
+# from here on); a JSON call must begin the reply.
+CALL_MARKERS = ("<tool_call>", "<|python_tag|>", DS_CALLS)
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """How one request uses tools: ``choice`` is ``auto``, ``required`` or ``function``
+    (then ``name`` is the function); ``style`` the call syntax (native or generic)."""
+
+    tools: tuple[Tool, ...]
+    choice: str
+    name: str | None
+    parallel: bool
+    style: str
+
+    @property
+    def native(self) -> bool:
+        """Whether the chat template renders the tools."""
+        return self.style != GENERIC
+
+    def definitions(self) -> list[dict[str, Any]]:
+        """The tools as the chat template expects them (OpenAI's shape)."""
+        return [tool.model_dump(exclude_none=True) for tool in self.tools]
+
+    def grammar(self) -> GrammarSpec | None:
+        """The constraint for ``required`` / a named function. For ``auto``: in the generic
+        format, text that does not open with ``{``, or a well-formed call (so a reply that
+        starts a call always parses); native formats are left free."""
+        if self.choice == "auto" and self.native:
+            return None
+        tools = [t for t in self.tools if self.choice != "function" or t.function.name == self.name]
+        key = "parameters" if self.style == LLAMA else "arguments"
+        calls = [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": t.function.name},
+                    key: t.function.parameters or {"type": "object"},
+                },
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
+        call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        if self.style == HERMES:
+            schema = json.dumps({**call, "x-guidance": JSON_OPTIONS})
+            one = f'"<tool_call>\\n" %json {schema} "\\n</tool_call>"'
+            rule = f"call: {one}\nstart: call" + (' ("\\n" call)*' if self.parallel else "")
+            return GrammarSpec("lark", rule, param="tool_choice")
+        if self.style == GENERIC:
+            items: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
+            if not self.parallel:
+                items["maxItems"] = 1
+            call = {
+                "type": "object",
+                "properties": {"tool_calls": items},
+                "required": ["tool_calls"],
+                "additionalProperties": False,
+            }
+        call = {**call, "x-guidance": JSON_OPTIONS}
+        if self.choice == "auto":
+            # Leading whitespace is text's: a JSON call starts the reply at once.
+            text = r"TEXT: /\s*[^{\s][\s\S]*/"
+            return GrammarSpec(
+                "lark", f"start: TEXT | call\n{text}\ncall: %json {json.dumps(call)}"
+            )
+        return GrammarSpec.json_schema(call, param="tool_choice")
+
+
+def _template(tokenizer: Any) -> str:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: the tool-use one if there is one
+        template = template.get("tool_use") or template.get("default")
+    return template if isinstance(template, str) else ""
+
+
+def call_style(tokenizer: Any) -> str:
+    """The tool-call syntax the model's chat template teaches, GENERIC if it knows none."""
+    template = _template(tokenizer)
+    if "tools" not in template:
+        return GENERIC
+    if "<tool_call>" in template:
+        return HERMES
+    if "tool▁call" in template:
+        return DEEPSEEK
+    if "<|python_tag|>" in template or "<|eom_id|>" in template:
+        return LLAMA
+    return HERMES if "tool_call" in template else GENERIC
+
+
+def plan_tools(body: ChatCompletionRequest, tokenizer: Any) -> ToolPlan | None:
+    """The request's ToolPlan; None without tools or with ``tool_choice: none``."""
+    choice = body.tool_choice
+    if not body.tools:
+        if choice not in (None, "none"):
+            raise APIError(
+                400, "tool_choice needs tools", param="tool_choice", code="invalid_value"
+            )
+        return None
+    if choice == "none":
+        return None
+    name = None
+    if choice is not None and not isinstance(choice, str):
+        name = choice.function.name
+        if name not in {t.function.name for t in body.tools}:
+            raise APIError(
+                400,
+                f"tool_choice names function {name!r}, which is not in tools",
+                param="tool_choice",
+                code="invalid_value",
+            )
+    names = [t.function.name for t in body.tools]
+    if len(set(names)) != len(names):
+        raise APIError(400, "tool names must be unique", param="tools", code="invalid_value")
+    return ToolPlan(
+        tools=tuple(body.tools),
+        choice="function" if name else (choice or "auto"),  # type: ignore[arg-type]
+        name=name,
+        parallel=body.parallel_tool_calls is not False,
+        style=call_style(tokenizer),
+    )
+
+
+def _generic_instructions(plan: ToolPlan) -> str:
+    functions = [
+        {
+            "name": t.function.name,
+            "description": t.function.description or "",
+            "parameters": t.function.parameters or {"type": "object"},
+        }
+        for t in plan.tools
+    ]
+    shape = '{"tool_calls": [{"name": "<function name>", "arguments": {<arguments>}}]}'
+    if plan.choice == "function":
+        when = f"You must call the function {plan.name}."
+    elif plan.choice == "required":
+        when = "You must call one or more of these functions."
+    else:
+        when = "Call them when they help; otherwise answer normally."
+    return (
+        "You can call these functions (each with a JSON schema of its arguments):\n"
+        f"{json.dumps(functions, ensure_ascii=False)}\n{when} To call functions, reply with "
+        f"only this JSON object and nothing else:\n{shape}"
+    )
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def render_conversation(
+    messages: list[ChatMessage], plan: ToolPlan | None, style: str = GENERIC
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The conversation as chat-template messages, and the tools for the template (None
+    when the template does not render them). ``style``: the template's call syntax (it
+    decides how a history's calls render when the request offers no tools)."""
+    native = plan.native if plan is not None else style != GENERIC
+    names: dict[str, str] = {}
+    conversation: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        role = "system" if message.role == "developer" else message.role
+        text = message_text(message, index)
+        entry: dict[str, Any] = {"role": role, "content": text}
+        if message.tool_calls:
+            for call in message.tool_calls:
+                names[call.id] = call.function.name
+            calls = [
+                (c.function.name, _arguments(c.function.arguments)) for c in message.tool_calls
+            ]
+            if native:
+                entry["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": n, "arguments": a}}
+                    for c, (n, a) in zip(message.tool_calls, calls, strict=True)
+                ]
+            else:
+                payload = {"tool_calls": [{"name": n, "arguments": a} for n, a in calls]}
+                entry["content"] = (text + "\n" if text else "") + json.dumps(payload)
+        if role == "tool":
+            name = message.name or names.get(message.tool_call_id or "", "")
+            if native:
+                entry.update({"tool_call_id": message.tool_call_id, "name": name})
+            else:  # templates without tools know no "tool" role
+                entry = {"role": "user", "content": f"Result of the call to {name}: {text}"}
+        conversation.append(entry)
+    if plan is not None and not plan.native:
+        instructions = _generic_instructions(plan)
+        if conversation and conversation[0]["role"] == "system":
+            conversation[0]["content"] = instructions + "\n\n" + conversation[0]["content"]
+        else:
+            conversation.insert(0, {"role": "system", "content": instructions})
+    tools = plan.definitions() if plan is not None and plan.native else None
+    return conversation, tools
+
+
+def _call(value: Any, names: set[str]) -> dict[str, Any] | None:
+    """An OpenAI tool call from a parsed ``{"name", "arguments" | "parameters"}``."""
+    if not isinstance(value, dict) or value.get("name") not in names:
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):
+        arguments = _arguments(arguments)
+    if not isinstance(arguments, dict):
+        return None
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": value["name"], "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
+
+
+def _json_calls(text: str, names: set[str]) -> list[dict[str, Any]] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, dict) and "tool_calls" in value:
+        value = value["tool_calls"]
+    values = value if isinstance(value, list) else [value]
+    calls = [_call(v, names) for v in values]
+    return calls if calls and all(calls) else None  # type: ignore[return-value]
+
+
+def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, tool_calls) of a reply. Calls in the model's syntax (Hermes ``<tool_call>``,
+    DeepSeek's markers, a JSON object or list, Llama's ``<|python_tag|>``) to functions the
+    request offered; anything else is content, and no calls."""
+    names = {t.function.name for t in plan.tools}
+    calls: list[dict[str, Any]] | None = None
+    start = len(text)
+    if "<tool_call>" in text:
+        start = text.index("<tool_call>")
+        found = [_json_calls(m.group(1), names) for m in HERMES_CALL.finditer(text, start)]
+        calls = [c for group in found if group for c in group] if all(found) else None
+    elif DS_CALLS in text:
+        start = text.index(DS_CALLS)
+        found = [
+            _call({"name": m.group(1).strip(), "arguments": _arguments(m.group(2))}, names)
+            for m in DS_CALL.finditer(text, start)
+        ]
+        calls = found if found and all(found) else None  # type: ignore[assignment]
+    else:
+        stripped = text.strip()
+        if stripped.startswith("<|python_tag|>"):
+            stripped = stripped[len("<|python_tag|>") :].strip()
+        if stripped.startswith(("{", "[")):
+            start = 0
+            calls = _json_calls(stripped, names)
+    if not calls:
+        return text, []
+    if not plan.parallel:
+        calls = calls[:1]
+    content = text[:start].strip()
+    return content or None, calls

@@ -1,0 +1,193 @@
+"""Tool-call syntax: which style a chat template teaches, rendering the history, parsing the
+model's calls (malformed output stays content), and holding streamed text back."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from mtplx.grammar import check_grammar
+from mtplx.request import TokenEvent
+from server.schemas import ChatMessage, Tool
+from server.tool_stream import ToolCallStream
+from server.tools import (
+    DEEPSEEK,
+    GENERIC,
+    HERMES,
+    LLAMA,
+    ToolPlan,
+    call_style,
+    parse_tool_calls,
+    render_conversation,
+)
+
+WEATHER = Tool.model_validate(
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+)
+
+
+def plan(style: str = GENERIC, choice: str = "auto", parallel: bool = True) -> ToolPlan:
+    return ToolPlan((WEATHER,), choice, None, parallel, style)
+
+
+class Template:
+    def __init__(self, template: str) -> None:
+        self.chat_template = template
+
+
+@pytest.mark.parametrize(
+    "template, style",
+    [
+        ("{% for m in messages %}{{ m.content }}{% endfor %}", GENERIC),
+        ("{% if tools %}<tool_call>{% endif %}", HERMES),
+        ("{% if tools %}<｜tool▁calls▁begin｜>{% endif %}", DEEPSEEK),
+        ("{% if tools %}<|python_tag|>{% endif %}", LLAMA),
+    ],
+)
+def test_call_style(template: str, style: str) -> None:
+    assert call_style(Template(template)) == style
+
+
+@pytest.mark.parametrize(
+    "text, content",
+    [
+        ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>', None),
+        (
+            "Let me check.\n<tool_call>"
+            '{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>',
+            "Let me check.",
+        ),
+        ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}', None),
+        ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}', None),
+        (
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+            '```json\n{"city": "Oslo"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+            None,
+        ),
+    ],
+    ids=["hermes", "hermes-after-text", "generic", "llama", "deepseek"],
+)
+def test_calls_parse(text: str, content: str | None) -> None:
+    parsed_content, calls = parse_tool_calls(text, plan())
+    assert parsed_content == content
+    assert len(calls) == 1 and calls[0]["function"]["name"] == "get_weather"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>{"name": "get_weather", "arguments": {"city": </tool_call>',
+        '{"name": "unknown", "arguments": {}}',
+        '{"a": 1}',
+        "plain words",
+        '{"tool_calls": [{"name": "get_weather", "arguments": 3}]}',
+    ],
+)
+def test_malformed_calls_are_content(text: str) -> None:
+    assert parse_tool_calls(text, plan()) == (text, [])
+
+
+def test_parallel_false_keeps_one_call() -> None:
+    text = json.dumps({"tool_calls": [{"name": "get_weather", "arguments": {}}] * 2})
+    assert len(parse_tool_calls(text, plan(parallel=False))[1]) == 1
+    assert len(parse_tool_calls(text, plan())[1]) == 2
+
+
+def test_generic_rendering_puts_tools_in_the_system_prompt() -> None:
+    messages = [
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage(role="user", content="Weather?"),
+        ChatMessage.model_validate(
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                    }
+                ],
+            }
+        ),
+        ChatMessage(role="tool", content="sunny", tool_call_id="c1"),
+    ]
+    conversation, tools = render_conversation(messages, plan())
+    assert tools is None
+    assert "get_weather" in conversation[0]["content"] and "Be brief." in conversation[0]["content"]
+    assert json.loads(conversation[2]["content"])["tool_calls"][0]["arguments"] == {"city": "Oslo"}
+    assert conversation[3] == {
+        "role": "user",
+        "content": "Result of the call to get_weather: sunny",
+    }
+    native, tools = render_conversation(messages, plan(HERMES))
+    assert tools and tools[0]["function"]["name"] == "get_weather"
+    assert native[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    assert native[3]["role"] == "tool" and native[3]["name"] == "get_weather"
+
+
+@pytest.mark.parametrize("style", [GENERIC, HERMES, LLAMA, DEEPSEEK])
+@pytest.mark.parametrize("choice", ["required", "function"])
+def test_required_grammars_are_valid(style: str, choice: str) -> None:
+    spec = ToolPlan(
+        (WEATHER,), choice, "get_weather" if choice == "function" else None, True, style
+    ).grammar()
+    assert spec is not None
+    check_grammar(spec)
+    auto = plan(style).grammar()
+    assert (auto is None) == (style != GENERIC)  # auto: only the generic format is shaped
+    if auto is not None:
+        check_grammar(auto)
+
+
+class Chunks:
+    wants_logprobs = False
+
+    def _chunk(self, index: int, delta: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        return {"choices": [{"index": index, "delta": delta, **extra}]}
+
+    def begin(self, index: int) -> dict[str, Any]:
+        return self._chunk(index, {"role": "assistant"})
+
+    def token(self, index: int, event: TokenEvent) -> dict[str, Any]:
+        return self._chunk(index, {"content": event.text})
+
+    def tail(self, index: int, text: str) -> dict[str, Any]:
+        return self._chunk(index, {"content": text})
+
+    def finish(self, index: int, reason: str) -> dict[str, Any]:
+        return self._chunk(index, {}, finish_reason=reason)
+
+
+def _stream(pieces: list[str]) -> tuple[str, list[dict[str, Any]]]:
+    stream = ToolCallStream(Chunks(), plan())
+    sent = ""
+    for piece in pieces:
+        chunk = stream.token(0, TokenEvent(0, piece, False))
+        if chunk is not None:
+            sent += chunk["choices"][0]["delta"]["content"]
+    return sent, stream.finish(0, "stop")
+
+
+def test_stream_holds_back_a_call_and_sends_deltas() -> None:
+    sent, tail = _stream(["Sure. <to", "ol_call>", '{"name": "get_weather", ', '"arguments": {}}'])
+    assert sent == "Sure. "
+    assert tail[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert tail[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_stream_of_plain_text_is_content() -> None:
+    sent, tail = _stream(["Hello", " <b>", "world"])
+    assert (
+        sent + "".join(c["choices"][0]["delta"].get("content", "") for c in tail)
+        == "Hello <b>world"
+    )
+    assert tail[-1]["choices"][0]["finish_reason"] == "stop"

@@ -1,0 +1,331 @@
+"""Constrained decoding: the grammar state (masks, stop tokens, rollback), and generation
+under a grammar, exact with and without drafting: chi-square against the exact enumeration
+of plain constrained sampling on a 12-token model, greedy output identical for every
+drafter and depth, alone or in a batch, with unconstrained rows untouched."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mtplx.engine import Engine
+from mtplx.errors import InvalidParameter
+from mtplx.grammar import GrammarCompiler, GrammarSpec, check_grammar
+from mtplx.models import load, make_layer_skip_draft
+from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
+from mtplx.sampling import SamplerConfig, distribution_from_logits
+from tests.fixtures.checkpoints import build_checkpoint
+from tests.fixtures.tokenizer import IM_END_ID
+from tests.fixtures.variants import untie_lm_head
+from tests.test_engine_batching import run_batch
+from tests.test_speculative import _next_logits_from_history
+
+GREEDY = SamplerConfig(temperature=0.0)
+SIGNIFICANCE = 1e-3
+SMALL_VOCAB = 12  # token i is the byte symbol "!\"#$%&'()*+,"[i]
+NUM_GENERATED = 3
+NUM_RUNS = 1500
+DRAFTERS = ("none", "mtp", "draft_model", "ngram", "mtp+ngram")
+
+# Over the small vocabulary: '!' = 0, '"' = 1, '#' = 2, '$' = 3, '%' = 4, ',' = 11.
+# FINISHING: any of "!", "\"#", "%", then "$", after which nothing may follow.
+FINISHING = GrammarSpec("lark", 'start: ("!" | "\\"#" | "%")* "$"')
+# OPEN: one or more of "!", "\"#"; complete after each, so a stop token may end it.
+OPEN = GrammarSpec("lark", 'start: ("!" | "\\"#")+')
+STOP = 11
+
+
+def _chi_square_pvalue(observed: dict, exact: dict, num_runs: int) -> float:
+    """Chi-square over outputs, pooling those expected fewer than 5 times into one cell (left
+    out when it expects nothing: a grammar makes many outputs impossible)."""
+    impossible = sum(observed.get(s, 0) for s, p in exact.items() if p == 0.0)
+    assert impossible == 0, "impossible output"
+    assert sum(observed.values()) == num_runs
+    expected, counts = [], []
+    pooled_expected = pooled_count = 0.0
+    for sequence, probability in exact.items():
+        if probability * num_runs < 5:
+            pooled_expected += probability * num_runs
+            pooled_count += observed.get(sequence, 0)
+        else:
+            expected.append(probability * num_runs)
+            counts.append(observed.get(sequence, 0))
+    if pooled_expected > 0:
+        expected.append(pooled_expected)
+        counts.append(pooled_count)
+    return stats.chisquare(counts, expected).pvalue
+
+
+def _finishing_next(prefix: tuple[int, ...]) -> set[int] | None:
+    """The tokens FINISHING allows after ``prefix``, written out by hand (None: finished)."""
+    if 3 in prefix:
+        return None
+    return {2} if prefix and prefix[-1] == 1 else {0, 1, 3, 4}
+
+
+def _open_next(prefix: tuple[int, ...]) -> set[int] | None:
+    """The tokens OPEN allows after ``prefix`` (with STOP as the stop token)."""
+    if STOP in prefix:
+        return None
+    if prefix and prefix[-1] == 1:
+        return {2}
+    return {0, 1} | ({STOP} if prefix else set())
+
+
+@pytest.fixture(scope="module")
+def small_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    directory = tmp_path_factory.mktemp("small_vocab_grammar")
+    build_checkpoint("llama_mtp", directory)
+    untie_lm_head(directory, logit_scale=2.0, vocab_size=SMALL_VOCAB)
+    model = load(directory)
+    return Engine(model, draft_model=make_layer_skip_draft(model, 1))
+
+
+@pytest.fixture(scope="module")
+def byte_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """The 259-token byte-level fixture: room for real JSON."""
+    directory = tmp_path_factory.mktemp("byte_grammar")
+    build_checkpoint("llama_mtp", directory)
+    untie_lm_head(directory, logit_scale=3.0)
+    model = load(directory)
+    return Engine(model, draft_model=make_layer_skip_draft(model, 1))
+
+
+# -- the grammar state ------------------------------------------------------------------
+
+
+def test_invalid_schema_and_regex_name_the_problem() -> None:
+    with pytest.raises(InvalidParameter, match="Invalid type: foo") as caught:
+        check_grammar(GrammarSpec.json_schema({"type": "foo"}))
+    assert caught.value.param == "response_format"
+    with pytest.raises(InvalidParameter, match="regex"):
+        check_grammar(GrammarSpec("regex", "a(b", param="mtplx.regex"))
+    with pytest.raises(InvalidParameter, match="must be an object"):
+        GrammarSpec.json_schema([1, 2])
+    with pytest.raises(InvalidParameter):
+        GenerationRequest([1], grammar=GrammarSpec("lark", "start: nope"))
+
+
+def test_state_masks_stop_tokens_and_rollback(small_engine: Engine) -> None:
+    compiler = GrammarCompiler(small_engine.tokenizer, SMALL_VOCAB)
+    state = compiler.state(OPEN, stop_ids={STOP, IM_END_ID})
+    assert set(np.flatnonzero(state.allowed())) == {0, 1}  # not complete: no stop token
+    state.consume(0)
+    assert set(np.flatnonzero(state.allowed())) == {0, 1, STOP}
+    state.consume(1)
+    assert set(np.flatnonzero(state.allowed())) == {2}
+    state.consume(2)
+    state.consume(STOP)
+    assert state.finished and state.allowed() is None
+    state.rollback(3)  # back to after "!"
+    assert not state.finished and state.num_consumed == 1
+    assert set(np.flatnonzero(state.allowed())) == {0, 1, STOP}
+    with pytest.raises(ValueError, match="not allowed"):
+        state.consume(5)
+
+
+def test_a_complete_grammar_with_no_continuation_is_finished(small_engine: Engine) -> None:
+    state = GrammarCompiler(small_engine.tokenizer, SMALL_VOCAB).state(FINISHING, stop_ids=())
+    assert set(np.flatnonzero(state.allowed())) == {0, 1, 3, 4}
+    state.consume(3)
+    assert state.finished and state.allowed() is None
+
+
+# -- exact under speculation ------------------------------------------------------------
+
+
+def _exact_constrained(
+    engine: Engine, prompt: list[int], config: SamplerConfig, allowed_after
+) -> dict[tuple[int, ...], float]:
+    """P(output) of plain constrained decoding of up to NUM_GENERATED tokens, enumerated:
+    p masked to the grammar's tokens and renormalised at every position; a path ends when the
+    grammar finishes (the stop token, if any, is not an output token)."""
+    done: dict[tuple[int, ...], float] = {}
+    prefixes = {(): 1.0}
+    for _position in range(NUM_GENERATED):
+        next_prefixes = {}
+        for prefix, mass in prefixes.items():
+            allowed = allowed_after(prefix)
+            if allowed is None:
+                output = prefix[:-1] if prefix and prefix[-1] == STOP else prefix
+                done[output] = done.get(output, 0.0) + mass
+                continue
+            mask = np.isin(np.arange(SMALL_VOCAB), sorted(allowed))
+            logits = np.array(_next_logits_from_history(engine.model, prompt + list(prefix)))
+            counts = np.bincount(np.array(prefix, dtype=int), minlength=SMALL_VOCAB)
+            probs = distribution_from_logits(logits.astype(np.float64), config, counts, mask)
+            assert probs[~mask].sum() == 0.0
+            for token in np.flatnonzero(probs):
+                next_prefixes[(*prefix, int(token))] = mass * probs[token]
+        prefixes = next_prefixes
+    for prefix, mass in prefixes.items():
+        output = prefix[:-1] if prefix[-1] == STOP else prefix
+        done[output] = done.get(output, 0.0) + mass
+    assert math.isclose(sum(done.values()), 1.0, rel_tol=1e-9)
+    every = [t for n in range(NUM_GENERATED + 1) for t in itertools.product(range(12), repeat=n)]
+    return {sequence: done.get(sequence, 0.0) for sequence in every}
+
+
+@pytest.mark.parametrize(
+    "drafter, config, grammar",
+    [
+        ("none", SamplerConfig(temperature=0.8), "finishing"),
+        ("mtp", SamplerConfig(temperature=0.9, top_k=3), "finishing"),
+        ("draft_model", SamplerConfig(temperature=1.0, presence_penalty=0.7), "open"),
+        ("ngram", SamplerConfig(temperature=0.7), "open"),
+        ("mtp+ngram", SamplerConfig(temperature=0.9, top_p=0.9), "finishing"),
+    ],
+    ids=["plain", "mtp-topk", "draft-penalty", "ngram", "lookup-first-topp"],
+)
+def test_constrained_sampling_follows_plain_constrained_decoding(
+    small_engine: Engine, drafter: str, config: SamplerConfig, grammar: str
+) -> None:
+    prompt = [0, 1, 2, 0, 1] if grammar == "finishing" else [0, 1, 2, 0, 1, 2, 0]
+    spec, allowed_after = (
+        (FINISHING, _finishing_next) if grammar == "finishing" else (OPEN, _open_next)
+    )
+    exact = _exact_constrained(small_engine, prompt, config, allowed_after)
+    observed: dict[tuple[int, ...], int] = {}
+    for run in range(NUM_RUNS):
+        seeded = SamplerConfig(**{**config.__dict__, "seed": run, "logit_bias": {}})
+        request = GenerationRequest(
+            prompt,
+            seeded,
+            max_tokens=NUM_GENERATED,
+            drafter=drafter,
+            depth=2,
+            ignore_eos=True,
+            stop_token_ids=(STOP,) if grammar == "open" else (),
+            grammar=spec,
+        )
+        tokens = tuple(
+            e.token_id for e in small_engine.generate(request) if isinstance(e, TokenEvent)
+        )
+        observed[tokens] = observed.get(tokens, 0) + 1
+    assert _chi_square_pvalue(observed, exact, NUM_RUNS) > SIGNIFICANCE
+
+
+def test_the_chi_square_sees_an_unconstrained_sampler(small_engine: Engine) -> None:
+    """Negative control: unconstrained samples fail against the constrained enumeration."""
+    prompt = [0, 1, 2, 0, 1]
+    config = SamplerConfig(temperature=0.8)
+    exact = _exact_constrained(small_engine, prompt, config, _finishing_next)
+    observed: dict[tuple[int, ...], int] = {}
+    for run in range(300):
+        request = GenerationRequest(
+            prompt, SamplerConfig(temperature=0.8, seed=run), NUM_GENERATED, ignore_eos=True
+        )
+        tokens = tuple(
+            e.token_id for e in small_engine.generate(request) if isinstance(e, TokenEvent)
+        )
+        observed[tokens] = observed.get(tokens, 0) + 1
+    with pytest.raises(AssertionError, match="impossible output"):
+        _chi_square_pvalue(observed, exact, 300)
+
+
+def _encode(engine: Engine, text: str) -> list[int]:
+    return list(engine.tokenizer.encode(text, add_special_tokens=False))
+
+
+def _tokens(engine: Engine, request: GenerationRequest) -> tuple[list[int], str]:
+    events = list(engine.generate(request))
+    finish = events[-1]
+    assert isinstance(finish, FinishEvent)
+    return [e.token_id for e in events if isinstance(e, TokenEvent)], finish.finish_reason
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"enum": ["xy", "zw"]}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+
+
+def _reference_greedy(
+    engine: Engine, prompt: list[int], spec: GrammarSpec, limit: int
+) -> list[int]:
+    """Plain constrained greedy decoding written out: logits of the history, the grammar's
+    allowed tokens, argmax."""
+    state = GrammarCompiler(engine.tokenizer, engine.vocab_size).state(spec, engine.eos_token_ids)
+    tokens: list[int] = []
+    while len(tokens) < limit:
+        allowed = state.allowed()
+        if allowed is None:
+            break
+        logits = np.array(_next_logits_from_history(engine.model, prompt + tokens))
+        token = int(np.argmax(np.where(allowed, logits, -np.inf)))
+        if token in engine.eos_token_ids:
+            break
+        state.consume(token)
+        tokens.append(token)
+    return tokens
+
+
+@pytest.mark.parametrize("spec", [GrammarSpec.json_schema(SCHEMA), GrammarSpec.json_object()])
+def test_greedy_constrained_output_is_the_same_for_every_drafter(
+    byte_engine: Engine, spec: GrammarSpec
+) -> None:
+    prompt = _encode(byte_engine, '{"a": 1, "b": "xy"} {"a": 2, "b": "zw"} ')
+    reference = _reference_greedy(byte_engine, prompt, spec, 40)
+    for drafter in DRAFTERS:
+        for depth in (None, 1, 3) if drafter != "none" else (0,):
+            request = GenerationRequest(
+                prompt, GREEDY, max_tokens=40, drafter=drafter, depth=depth, grammar=spec
+            )
+            tokens, reason = _tokens(byte_engine, request)
+            assert tokens == reference, (drafter, depth)
+    text = byte_engine.tokenizer.decode(reference)
+    if reason == "stop":
+        parsed = json.loads(text)
+        assert isinstance(parsed, dict)
+        if spec.kind == "json_schema":
+            assert set(parsed) == {"a", "b"} and parsed["b"] in ("xy", "zw")
+
+
+def test_constrained_rows_in_a_batch_equal_their_solo_runs(byte_engine: Engine) -> None:
+    """Greedy and seeded rows, constrained or not, in one batch: each equals its solo run;
+    the unconstrained ones equal their runs in a batch without any grammar."""
+    texts = ['{"a": 3, "b": "xy"} ', "hello hello hello ", "[1, 2] [1, 2"]
+    prompts = [_encode(byte_engine, text) for text in texts]
+    spec = GrammarSpec.json_schema(SCHEMA)
+    requests = []
+    for index, drafter in enumerate(DRAFTERS * 2):
+        config = GREEDY if index % 2 == 0 else SamplerConfig(temperature=0.8, seed=index)
+        grammar = spec if index % 3 != 2 else None
+        depth = 0 if drafter == "none" else 1 + index % 3
+        requests.append(
+            GenerationRequest(
+                prompts[index % 3], config, 24, drafter=drafter, depth=depth, grammar=grammar
+            )
+        )
+    solo = [_tokens(byte_engine, request)[0] for request in requests]
+    together, last = run_batch(byte_engine, requests)
+    assert together == solo
+    assert all(isinstance(event, FinishEvent) for event in last)
+    free = [r for r in requests if r.grammar is None]
+    free_batch, _ = run_batch(byte_engine, free)
+    assert free_batch == [t for t, r in zip(solo, requests, strict=True) if r.grammar is None]
+
+
+def test_a_finished_grammar_ends_the_sequence_with_stop(small_engine: Engine) -> None:
+    request = GenerationRequest(
+        [0, 1], GREEDY, max_tokens=50, drafter="mtp", depth=3, ignore_eos=True, grammar=FINISHING
+    )
+    tokens, reason = _tokens(small_engine, request)
+    assert reason == "stop" and tokens[-1] == 3 and 3 not in tokens[:-1]
+
+
+def test_regex_grammar(small_engine: Engine) -> None:
+    spec = GrammarSpec("regex", '(!")+#')
+    request = GenerationRequest(
+        [0, 1], GREEDY, max_tokens=50, drafter="ngram", depth=3, grammar=spec
+    )
+    tokens, reason = _tokens(small_engine, request)
+    body = tokens[:-1] if reason == "stop" else tokens
+    assert body == [0, 1] * (len(body) // 2) and (reason == "length" or tokens[-1] == 2)
