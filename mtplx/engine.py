@@ -44,7 +44,7 @@ from mtplx.speculative import (
     cycle_uniforms,
     plain_input,
     propose,
-    queue_plain,
+    queue_plain_rows,
     verify,
 )
 
@@ -342,7 +342,7 @@ class Engine:
         ]
         try:
             outputs = self.batched.forward([s.row for s in rows], inputs, wanted)
-            queued = {s: queue_plain(s, out) for s, out in zip(plain, outputs, strict=False)}
+            queued = dict(zip(plain, queue_plain_rows(plain, outputs[: len(plain)]), strict=True))
             mx.async_eval([(a.logits, a.hidden, a.sample) for a in queued.values()])
             verdicts = {}
             decoded = outputs[len(plain) : len(plain) + len(drafting)]

@@ -26,7 +26,13 @@ import numpy as np
 
 from mtplx.drafters.base import Drafter, DraftSampler
 from mtplx.models.batched import BatchedTarget, RowOutput
-from mtplx.sampling import mx_distribution_from_logits, mx_sample, mx_verify_draft_tokens
+from mtplx.sampling import (
+    SamplerConfig,
+    mx_apply_penalties,
+    mx_distribution_from_logits,
+    mx_sample,
+    mx_verify_draft_tokens,
+)
 from mtplx.sequence import Sequence
 
 
@@ -47,8 +53,13 @@ def cycle_uniforms(seed: int, position: int, num_draft: int) -> mx.array:
     draft tokens, k for accepting them, one for the recovered / bonus token. An independent
     stream per (request seed, position), so a seeded request replays exactly under the same
     depth schedule, alone or in any batch, and no two cycles of a request share uniforms."""
+    return mx.array(_uniforms(seed, position, num_draft))
+
+
+def _uniforms(seed: int, position: int, num_draft: int) -> np.ndarray:
+    """``cycle_uniforms`` as a NumPy array."""
     rng = np.random.default_rng([seed, position])
-    return mx.array(rng.random(2 * num_draft + 1, dtype=np.float32))
+    return rng.random(2 * num_draft + 1, dtype=np.float32)
 
 
 def position_counts(token_counts: mx.array | None, draft_tokens: mx.array) -> mx.array | None:
@@ -90,6 +101,54 @@ def queue_plain(sequence: Sequence, output: RowOutput) -> Ahead:
     probs = mx_distribution_from_logits(output.logits, sequence.config)  # [1, V]
     sample = mx_sample(probs, cycle_uniforms(sequence.seed, index + 1, 0)).astype(mx.int32)
     return Ahead(output.logits, output.hidden, sample)
+
+
+def queue_plain_rows(sequences: list[Sequence], outputs: list[RowOutput]) -> list[Ahead]:
+    """``queue_plain`` for many rows at once, the same draws bit for bit: rows whose samplers
+    compute the same distribution draw together, one distribution and one inverse-CDF draw
+    over their stacked logits (every op works row by row, so a row's bits do not depend on
+    its neighbours), each with the uniform of its own seed stream; greedy rows take the
+    argmax, which is the token the inverse-CDF draw from the one-hot distribution returns
+    (the uniform is below the one-hot's total, 1). A step of 16 rows then builds a few ops
+    instead of ~10 per row; ``queue_plain`` stays the reference."""
+    groups: dict[tuple, list[int]] = {}
+    for index, sequence in enumerate(sequences):
+        groups.setdefault(_sampler_key(sequence.config), []).append(index)
+    samples: list[mx.array] = [mx.zeros((1,), mx.int32)] * len(sequences)
+    for members in groups.values():
+        config = sequences[members[0]].config
+        logits = [outputs[i].logits for i in members]
+        stacked = mx.concatenate(logits) if len(logits) > 1 else logits[0]  # [G, V]
+        if config.is_greedy:
+            biased = mx_apply_penalties(stacked.astype(mx.float32), None, config)
+            drawn = mx.argmax(biased, axis=-1).astype(mx.int32)
+        else:
+            uniforms = np.empty(len(members), np.float32)
+            for slot, i in enumerate(members):
+                sequence = sequences[i]
+                index = len(sequence.tokens) - (0 if sequence.ahead is not None else 1)
+                uniforms[slot] = _uniforms(sequence.seed, index + 1, 0)[0]
+            probs = mx_distribution_from_logits(stacked, config)
+            drawn = mx_sample(probs, mx.array(uniforms)).astype(mx.int32)
+        for slot, i in enumerate(members):
+            samples[i] = drawn[slot : slot + 1]
+    return [
+        Ahead(output.logits, output.hidden, sample)
+        for output, sample in zip(outputs, samples, strict=True)
+    ]
+
+
+def _sampler_key(config: SamplerConfig) -> tuple:
+    """What the distribution of a row without penalties depends on (not its seed)."""
+    if config.is_greedy:
+        return ("greedy", tuple(sorted(config.logit_bias.items())))
+    return (
+        config.temperature,
+        config.top_p,
+        config.top_k,
+        config.min_p,
+        tuple(sorted(config.logit_bias.items())),
+    )
 
 
 def close_ahead(drafter: Drafter | None, ahead: Ahead, started: float | None = None) -> CycleResult:

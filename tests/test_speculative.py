@@ -321,3 +321,49 @@ def test_ngram_drafter_proposes_nothing_without_a_match() -> None:
     drafter = NgramDrafter()
     tokens, qs = drafter.propose([1, 2, 3], 3, DraftSampler(GREEDY, 10, mx.zeros(3)))
     assert tokens == [] and qs == []
+
+
+def test_plain_rows_drawn_together_equal_each_row_drawn_alone() -> None:
+    """``queue_plain_rows`` (rows grouped by sampler, one draw per group) against its
+    reference ``queue_plain`` (one row at a time): the same token for every row, including
+    near ties and rows that share a sampler but not a seed."""
+    from types import SimpleNamespace
+
+    from mtplx.models.batched import RowOutput
+    from mtplx.speculative import Ahead, queue_plain, queue_plain_rows
+
+    vocab = 3000
+    configs = [
+        GREEDY,
+        SamplerConfig(temperature=0.0, logit_bias={7: 100.0}),
+        SamplerConfig(temperature=0.7, seed=1),
+        SamplerConfig(temperature=0.7, seed=2),
+        SamplerConfig(temperature=0.7),
+        SamplerConfig(temperature=0.9, top_p=0.9, seed=3),
+        SamplerConfig(temperature=0.9, top_p=0.9, seed=4),
+        SamplerConfig(temperature=1.2, top_k=20, min_p=0.05, seed=5),
+        SamplerConfig(temperature=0.7, logit_bias={3: -5.0}, seed=6),
+        GREEDY,
+    ]
+    for trial in range(5):
+        rng = np.random.default_rng(trial)
+        logits = rng.normal(0, 3, size=(len(configs), vocab)).astype(np.float32)
+        logits[:, 11] = logits[:, 12]  # exact ties resolve to the lowest id in both paths
+        logits[0, 12] = logits[0].max() + 1
+        logits[0, 11] = logits[0, 12]
+        head = mx.array(logits)
+        outputs = [RowOutput(head[i : i + 1], mx.zeros((1, 4))) for i in range(len(configs))]
+        sequences = [
+            SimpleNamespace(
+                config=config,
+                seed=100 + i if config.seed is None else config.seed,
+                tokens=list(range(5 + i + trial)),
+                ahead=None if i % 2 else Ahead(head[:1], mx.zeros((1, 4)), mx.array([1])),
+            )
+            for i, config in enumerate(configs)
+        ]
+        together = queue_plain_rows(sequences, outputs)  # type: ignore[arg-type]
+        for sequence, output, ahead in zip(sequences, outputs, together, strict=True):
+            alone = queue_plain(sequence, output)  # type: ignore[arg-type]
+            assert ahead.sample.tolist() == alone.sample.tolist(), sequence.config
+            assert ahead.logits is output.logits and ahead.hidden is output.hidden

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.activations import swiglu
 
 from mtplx import cache as cache_ops
 from mtplx.blas_shim import INVARIANT_MAX_ROWS
@@ -279,7 +281,7 @@ class _Group:
     offsets: mx.array  # [R] int32, each slot's length before the forward
     to_padded: mx.array  # [R * T] int32: packed index of each padded position (pads -> start)
     to_packed: mx.array  # [end - start] int32: padded index of each of the group's tokens
-    write_at: mx.array  # [R * T] int32: flat (slot, position) index in the KV store
+    write_at: mx.array  # [R * kv * T] int32: flat (slot, head, position) index in the store
     mask: mx.array  # [R, 1, T, L] bool: key j visible to query t of row r
 
 
@@ -288,8 +290,8 @@ class SlotBlockState:
     """A block of one row's positions, saved for the prefix cache: the KV of every layer and
     the post-norm hidden states (what the drafters read)."""
 
-    keys: mx.array  # [layers, B, kv_heads, d]
-    values: mx.array  # [layers, B, kv_heads, d + 1]
+    keys: mx.array  # [layers, kv_heads, B, d]
+    values: mx.array  # [layers, kv_heads, B, d + 1]
     hidden: mx.array  # [B, H]
     resumable = True  # a row can continue after any block
 
@@ -300,9 +302,70 @@ class SlotBlockState:
 
 
 @dataclass
+class _Fused:
+    """One layer's projections that read the same input, as one weight each: q, k and v
+    ([q | k | v] rows), the MLP's gate and up ([gate | up] rows). One product instead of three
+    (two) costs fewer MLX ops and kernel calls per layer, and gives the same bits: the
+    invariant kernel sums every output element in a fixed order over the input alone,
+    whatever the other columns of the product."""
+
+    qkv: mx.array  # [q_out + 2 kv_out, H]
+    qkv_bias: mx.array | None
+    q_size: int
+    kv_size: int
+    gate_up: mx.array  # [2 I, H]
+    gate_up_bias: mx.array | None
+    intermediate: int
+
+
+def _fuse(layer: Any) -> _Fused | None:
+    """The layer's fused projections (their modules then read slices of them, so the
+    weights are held once), or None when they are not plain float ``nn.Linear`` layers."""
+    attn, mlp = layer.self_attn, layer.mlp
+    groups = ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj))
+    if not all(type(m) is nn.Linear for g in groups for m in g):
+        return None
+    fused = []
+    for modules in groups:
+        has_bias = ["bias" in m for m in modules]
+        if any(has_bias) and not all(has_bias):
+            return None
+        weight = mx.concatenate([m.weight for m in modules])
+        bias = mx.concatenate([m.bias for m in modules]) if all(has_bias) else None
+        mx.eval(weight, bias)
+        start = 0
+        for m in modules:  # the modules keep working, on views of the fused weight
+            size = m.weight.shape[0]
+            m.weight = weight[start : start + size]
+            if bias is not None:
+                m.bias = bias[start : start + size]
+            start += size
+        mx.eval([(m.weight, m.get("bias")) for m in modules])
+        fused.append((weight, bias))
+    (qkv, qkv_bias), (gate_up, gate_up_bias) = fused
+    return _Fused(
+        qkv=qkv,
+        qkv_bias=qkv_bias,
+        q_size=attn.q_proj.weight.shape[0],
+        kv_size=attn.k_proj.weight.shape[0],
+        gate_up=gate_up,
+        gate_up_bias=gate_up_bias,
+        intermediate=mlp.gate_proj.weight.shape[0],
+    )
+
+
+def _linear(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.array:
+    """What ``nn.Linear`` computes, for a fused weight."""
+    return x @ weight.T if bias is None else mx.addmm(bias, x, weight.T)
+
+
+@dataclass
 class _SlotStore:
-    """KV of every slot for one layer: keys [S, L_cap, kv_heads, d], values
-    [S, L_cap, kv_heads, d + 1] (see ``SlotTarget._attention``)."""
+    """KV of every slot for one layer: keys [S, kv_heads, L_cap, d], values
+    [S, kv_heads, L_cap, d + 1] (see ``SlotTarget._attention``). Heads before positions: a
+    window of slots read up to L is then, per (slot, head), a matrix whose rows are whole
+    (stride d), which MLX's matmul takes as it is; positions before heads made every
+    attention product copy its keys and values first."""
 
     keys: mx.array
     values: mx.array
@@ -334,6 +397,7 @@ class SlotTarget:
         repeats = attention.n_heads // attention.n_kv_heads
         self._query_block = max(INVARIANT_MAX_ROWS // repeats, 1)
         self.max_prefill_tokens = INVARIANT_MAX_ROWS
+        self._fused = [_fuse(layer) for layer in self.trunk.inner.layers]
 
     # -- rows ---------------------------------------------------------------------------
 
@@ -395,8 +459,8 @@ class SlotTarget:
         if not 0 <= start < end <= row.length or self._hidden is None:
             raise ValueError(f"positions [{start}, {end}) are not in the row")
         state = SlotBlockState(
-            mx.stack([store.keys[row.slot, start:end] for store in self._stores]),
-            mx.stack([store.values[row.slot, start:end] for store in self._stores]),
+            mx.stack([store.keys[row.slot, :, start:end] for store in self._stores]),
+            mx.stack([store.values[row.slot, :, start:end] for store in self._stores]),
             mx.contiguous(self._hidden[row.slot, start:end]),  # a copy, not a view of the store
         )
         mx.eval(state.keys, state.values, state.hidden)
@@ -405,14 +469,14 @@ class SlotTarget:
     def load_blocks(self, row: SlotRow, states: Sequence[SlotBlockState]) -> mx.array:
         """Append saved blocks to the row, as if their tokens had been fed; returns their
         hidden states [sum B, H]."""
-        keys = mx.concatenate([state.keys for state in states], axis=1)
-        values = mx.concatenate([state.values for state in states], axis=1)
+        keys = mx.concatenate([state.keys for state in states], axis=2)
+        values = mx.concatenate([state.values for state in states], axis=2)
         hidden = mx.concatenate([state.hidden for state in states])
         start, end = row.length, row.length + hidden.shape[0]
         self._ensure_capacity(end)
         for layer, store in enumerate(self._stores):
-            store.keys[row.slot, start:end] = keys[layer]
-            store.values[row.slot, start:end] = values[layer]
+            store.keys[row.slot, :, start:end] = keys[layer]
+            store.values[row.slot, :, start:end] = values[layer]
         assert self._hidden is not None
         self._hidden[row.slot, start:end] = hidden
         row.length = end
@@ -433,10 +497,17 @@ class SlotTarget:
         groups = self._groups(rows, counts)
         inner = self.trunk.inner
         packed = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
+        # Each packed token's position in its row, for RoPE on the packed projections.
+        positions = mx.array(
+            [row.length + t for row, count in zip(rows, counts, strict=True) for t in range(count)],
+            mx.int32,
+        )
         x = inner.embed_tokens(packed[None])  # [1, N, H]
-        for layer, store in zip(inner.layers, self._stores, strict=True):
-            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), store, groups)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        for layer, store, fused in zip(inner.layers, self._stores, self._fused, strict=True):
+            x = x + self._attention(
+                layer.self_attn, layer.input_layernorm(x), store, groups, positions, fused
+            )
+            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), fused)
         hidden = inner.norm(x)[0]  # [N, H]
         self._keep_hidden(rows, counts, hidden)
         for row, count in zip(rows, counts, strict=True):
@@ -514,9 +585,13 @@ class SlotTarget:
                 to_packed.append(base + t)
             position += count
         garbage = self._capacity - max_tokens  # past every live row (see _groups)
+        kv_heads = self.trunk.inner.layers[0].self_attn.n_kv_heads
         write_at = [
-            (first + r) * self._capacity + (lengths[r] if first + r in fed else garbage) + t
+            ((first + r) * kv_heads + h) * self._capacity
+            + (lengths[r] if first + r in fed else garbage)
+            + t
             for r in range(num_slots)
+            for h in range(kv_heads)
             for t in range(max_tokens)
         ]
         offsets = mx.array(lengths, mx.int32)
@@ -545,31 +620,65 @@ class SlotTarget:
         dtype = self.trunk.inner.embed_tokens.weight.dtype
         attention = self.trunk.inner.layers[0].self_attn
         kv_heads, head_dim = attention.n_kv_heads, attention.head_dim
-        grow = (self.max_rows, capacity - self._capacity, kv_heads)
+        grow = (self.max_rows, kv_heads, capacity - self._capacity)
         key_zeros = mx.zeros((*grow, head_dim), dtype)
         value_zeros = mx.zeros((*grow, head_dim + 1), dtype)  # + the constant-1 feature
-        hidden_zeros = mx.zeros((self.max_rows, grow[1], self.hidden_size), dtype)
+        hidden_zeros = mx.zeros((self.max_rows, grow[2], self.hidden_size), dtype)
         if not self._stores:
             self._stores = [_SlotStore(key_zeros, value_zeros) for _ in self.trunk.inner.layers]
             self._hidden = hidden_zeros if self.keep_hidden else None
         else:
             for store in self._stores:
-                store.keys = mx.concatenate([store.keys, key_zeros], axis=1)
-                store.values = mx.concatenate([store.values, value_zeros], axis=1)
+                store.keys = mx.concatenate([store.keys, key_zeros], axis=2)
+                store.values = mx.concatenate([store.values, value_zeros], axis=2)
             if self._hidden is not None:
                 self._hidden = mx.concatenate([self._hidden, hidden_zeros], axis=1)
         self._capacity = capacity
 
+    @staticmethod
+    def _mlp(mlp: Any, x: mx.array, fused: _Fused | None) -> mx.array:
+        """The layer's MLP (mlx-lm's llama MLP), gate and up in one product when fused."""
+        if fused is None:
+            return mlp(x)
+        gate_up = _linear(x, fused.gate_up, fused.gate_up_bias)
+        size = fused.intermediate
+        return mlp.down_proj(swiglu(gate_up[..., :size], gate_up[..., size:]))
+
     def _attention(
-        self, attn: Any, x: mx.array, store: _SlotStore, groups: list[_Group]
+        self,
+        attn: Any,
+        x: mx.array,
+        store: _SlotStore,
+        groups: list[_Group],
+        positions: mx.array,
+        fused: _Fused | None = None,
     ) -> mx.array:
         """Self-attention of mlx-lm's llama Attention over the slot store, group by group.
 
         x: [1, N, H] packed -> [1, N, H]. The softmax is exp(s - max) normalised by a
         matmul with ones: both sums then run through the invariant kernel, to which the
         masked keys past a row's length are trailing zeros (MLX's own softmax would vectorise
-        a longer row differently)."""
-        queries_all, keys_all, values_all = attn.q_proj(x)[0], attn.k_proj(x)[0], attn.v_proj(x)[0]
+        a longer row differently).
+
+        RoPE runs on the packed tokens (each its own batch entry at its own position), before
+        they are spread to the groups' padded layout: the same values, without the pads, and
+        queries and keys of a fused projection in one call."""
+        heads, kv_heads = attn.n_heads, attn.n_kv_heads
+        num_tokens = x.shape[1]
+        if fused is None:
+            queries_all = attn.q_proj(x)[0].reshape(num_tokens, heads, 1, -1)
+            keys_all = attn.k_proj(x)[0].reshape(num_tokens, kv_heads, 1, -1)
+            values_all = attn.v_proj(x)[0].reshape(num_tokens, kv_heads, 1, -1)
+            queries_all = attn.rope(queries_all, offset=positions)
+            keys_all = attn.rope(keys_all, offset=positions)
+        else:
+            qkv = _linear(x, fused.qkv, fused.qkv_bias)[0]
+            k_end = fused.q_size + fused.kv_size
+            roped = attn.rope(
+                qkv[:, :k_end].reshape(num_tokens, heads + kv_heads, 1, -1), offset=positions
+            )
+            queries_all, keys_all = roped[:, :heads], roped[:, heads:]
+            values_all = qkv[:, k_end:].reshape(num_tokens, kv_heads, 1, -1)
         attended = [
             self._group_attention(attn, queries_all, keys_all, values_all, store, group)
             for group in groups
@@ -585,18 +694,19 @@ class SlotTarget:
         store: _SlotStore,
         group: _Group,
     ) -> mx.array:
-        """One group: projections [N, heads * d] of every packed token -> [tokens, H]."""
+        """One group: projections [N, heads, 1, d] of every packed token (queries and keys
+        roped) -> [tokens, H]."""
         rows, tokens, keys_len = group.num_slots, group.max_tokens, group.key_length
         heads, kv_heads = attn.n_heads, attn.n_kv_heads
         repeats = heads // kv_heads
 
         def padded(projected: mx.array, num_heads: int) -> mx.array:
-            # [N, heads * d] -> [R, heads, T, d]
+            # [N, heads, 1, d] -> [R, heads, T, d]
             spread = projected[group.to_padded]
             return spread.reshape(rows, tokens, num_heads, -1).transpose(0, 2, 1, 3)
 
-        queries = attn.rope(padded(queries_all, heads), offset=group.offsets)
-        keys = attn.rope(padded(keys_all, kv_heads), offset=group.offsets)
+        queries = padded(queries_all, heads)
+        keys = padded(keys_all, kv_heads)
         values = padded(values_all, kv_heads)
         head_dim = keys.shape[-1]
         # Values carry a constant 1 as their last feature, so one product gives both the
@@ -605,16 +715,17 @@ class SlotTarget:
         values = mx.concatenate([values, mx.ones((*values.shape[:-1], 1), values.dtype)], -1)
 
         # Write the new keys and values at each row's positions (pads too: past the row's
-        # length, so never read), then read slots [first, first + R) up to L.
+        # length, so never read), then read slots [first, first + R) up to L. The store is
+        # updated in place (MLX donates its buffer) as long as nothing else holds it.
         for name, new in (("keys", keys), ("values", values)):
             stored = getattr(store, name)
             width = stored.shape[-1]
-            flat = stored.reshape(self.max_rows * self._capacity, kv_heads, width)
-            flat[group.write_at] = new.transpose(0, 2, 1, 3).reshape(-1, kv_heads, width)
+            flat = stored.reshape(-1, width)
+            flat[group.write_at] = new.reshape(-1, width)  # [R, kv, T, w]: write_at's order
             setattr(store, name, flat.reshape(stored.shape))
         window = slice(group.first_slot, group.first_slot + rows)
-        all_keys = store.keys[window, :keys_len].transpose(0, 2, 3, 1)  # [R, kv, d, L]
-        all_values = store.values[window, :keys_len].transpose(0, 2, 1, 3)  # [R, kv, L, d+1]
+        all_keys = store.keys[window, :, :keys_len].transpose(0, 1, 3, 2)  # [R, kv, d, L]
+        all_values = store.values[window, :, :keys_len]  # [R, kv, L, d+1]
 
         scaled = queries * attn.scale  # [R, heads, T, d]
         blocks = []
