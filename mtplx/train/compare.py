@@ -217,9 +217,13 @@ def compare_prompt(
         got = [int(t.item()) for t in cycle]
         if position in drafts and got != drafts[position][: len(got)]:
             mismatches += 1
+    vocab = set() if model.draft_vocab is None else set(np.array(model.draft_vocab).tolist())
     result = {
         "output_tokens": len(tokens) - num_prompt,
         "prompt_tokens": num_prompt,
+        # output tokens the head cannot draft (outside its draft vocabulary)
+        "outside_draft_vocab": sum(t not in vocab for t in tokens[num_prompt:]) if vocab else 0,
+        "tokens": tokens,
         "engine_accepted": list(stats.accepted_per_position[:depth]),
         "engine_drafted": list(stats.drafted_per_position[:depth]),
         **score(drafts, tokens, num_prompt, depth, max_tokens),
@@ -257,6 +261,7 @@ def summarize(results: list[dict[str, Any]], depth: int) -> dict[str, Any]:
         "depth": depth,
         "prompts": len(results),
         "output_tokens": sum(r["output_tokens"] for r in results),
+        "outside_draft_vocab": sum(r["outside_draft_vocab"] for r in results),
         "engine": _ratio(engine_acc, engine_dr),
         "engine_mean_acceptance_length": 1 + sum(engine_acc) / engine_dr[0] if engine_dr else 1,
         "replay_schedule": _ratio(total("replay_accepted"), total("replay_drafted")),
