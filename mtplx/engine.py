@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import mlx.core as mx
 
-from mtplx.drafters import Drafter, DraftModelDrafter, LookupFirstDrafter, MTPDrafter
-from mtplx.drafters.ngram import NgramDrafter
+from mtplx.drafters.factories import drafter_factories
 from mtplx.errors import InvalidParameter
+from mtplx.events import record_cycle, token_event
 from mtplx.grammar import GrammarCompiler
 from mtplx.models.base import LoadedModel, TargetModel
 from mtplx.models.batched import RowOutput, batched_target
@@ -33,7 +33,7 @@ from mtplx.output import TextEmitter
 from mtplx.planner import Plan, StepCosts, draft_source, make_policies, plan_cycle
 from mtplx.prefix_cache import PrefixCache
 from mtplx.prefix_reuse import PrefixReuse
-from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
+from mtplx.request import FinishEvent, GenerationRequest, GenerationStats
 from mtplx.sampling import mx_distribution_from_logits, mx_sample
 from mtplx.sequence import Event, Sequence
 from mtplx.speculative import (
@@ -98,7 +98,7 @@ class Engine:
                 f"draft model vocabulary ({draft_model.vocab_size}) differs from the "
                 f"target's ({self.vocab_size})"
             )
-        self._drafters = _drafter_factories(model, draft_model)
+        self._drafters = drafter_factories(model, draft_model)
         self.available_drafters = tuple(self._drafters)
         if default_drafter is None:  # the best drafter this model has
             default_drafter = next(
@@ -379,7 +379,7 @@ class Engine:
             if plan.source in sequence.policies and plan.num_draft > 0:
                 sequence.policies[plan.source].update(result.num_drafted, result.num_accepted)
             sequence.pending = result
-            _record(sequence.stats, result)
+            record_cycle(sequence.stats, result)
         for sequence, ahead in queued.items():
             if sequence.ahead is not None:
                 self._close_ahead(sequence, events, started)
@@ -396,7 +396,7 @@ class Engine:
         except Exception as exc:
             self._fail(sequence, exc, events)
             return
-        _record(sequence.stats, sequence.pending)
+        record_cycle(sequence.stats, sequence.pending)
 
     def _prefill_chunks(
         self, num_decode_tokens: int, idle: bool = False
@@ -533,7 +533,7 @@ class Engine:
                 return [*events, self._finish(sequence, "stop", emitter.flush())]
             stats.completion_tokens += 1
             text = emitter.add(token)
-            events.append(_token_event(result, index, token, text, request.logprobs))
+            events.append(token_event(result, index, token, text, request.logprobs))
             if emitter.stopped:
                 return [*events, self._finish(sequence, "stop", stop_sequence=emitter.matched)]
             if sequence.num_output_tokens >= request.max_tokens:
@@ -577,64 +577,3 @@ class Engine:
             self.grammars.warm()
         except Exception:  # a tokenizer llguidance cannot read: constrained requests fail alone
             logger.warning("constrained decoding is unavailable for this tokenizer", exc_info=True)
-
-
-def _drafter_factories(
-    model: LoadedModel, draft_model: TargetModel | None
-) -> dict[str, Callable[[], Drafter | None]]:
-    """Drafter name -> a maker of that drafter for one sequence (each has its own state)."""
-    factories: dict[str, Callable[[], Drafter | None]] = {
-        "none": lambda: None,
-        "ngram": NgramDrafter,
-    }
-    if model.mtp_heads:
-        factories["mtp"] = lambda: MTPDrafter(model)
-    if draft_model is not None:
-        factories["draft_model"] = lambda: DraftModelDrafter(draft_model)
-    for name in ("mtp", "draft_model"):
-        if name in factories:
-            make_model_drafter = factories[name]
-            factories[f"{name}+ngram"] = lambda make=make_model_drafter: LookupFirstDrafter(
-                NgramDrafter(),
-                make(),  # type: ignore[arg-type]
-            )
-    return factories
-
-
-def _token_event(
-    result: CycleResult, index: int, token: int, text: str, logprobs: int | None
-) -> TokenEvent:
-    drafted = index < result.num_accepted
-    if logprobs is None:
-        return TokenEvent(token, text, drafted)
-    logits = result.target_logits[index].astype(mx.float32)
-    log_probs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    top: tuple[tuple[int, float], ...] = ()
-    if logprobs > 0:
-        top_ids = mx.argpartition(-log_probs, kth=logprobs - 1)[:logprobs]
-        pairs = zip(top_ids.tolist(), log_probs[top_ids].tolist(), strict=True)
-        top = tuple(sorted(pairs, key=lambda pair: -pair[1]))
-    return TokenEvent(token, text, drafted, float(log_probs[token].item()), top)
-
-
-def _record(stats: GenerationStats, result: CycleResult) -> None:
-    """Add one cycle to the request's counters."""
-    stats.num_cycles += 1
-    stats.draft_time += result.draft_time
-    stats.verify_time += result.verify_time
-    if result.num_drafted == 0:
-        return
-    stats.num_drafts += 1
-    stats.num_draft_tokens += result.num_drafted
-    stats.num_accepted_tokens += result.num_accepted
-    for counts, limit in (
-        (stats.drafted_per_position, result.num_drafted),
-        (stats.accepted_per_position, result.num_accepted),
-    ):
-        counts.extend([0] * (limit - len(counts)))
-        for position in range(limit):
-            counts[position] += 1
-    if result.num_accepted < result.num_drafted:
-        stats.num_recovered += 1
-    else:
-        stats.num_bonus += 1
