@@ -270,3 +270,23 @@ async def test_schema_x_guidance_that_is_not_an_object_is_a_400(client: Any, opt
     r = await client.post(CHAT, json=chat(max_tokens=2, response_format=rf))
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "response_format.json_schema.schema"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"response_format": {"type": "bogus"}}, "response_format.type"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"mtplx": {"regex": "(("}}, "mtplx.regex"),
+        ({"mtplx": {"grammar": 'start: "a"'}}, "mtplx.grammar"),
+    ],
+)
+async def test_required_tools_with_the_requests_own_constraint_is_a_400(
+    client: Any, extra: dict[str, Any], param: str
+) -> None:
+    # Was a 200 that silently dropped the request's constraint (even an invalid one).
+    for choice in ("required", {"type": "function", "function": {"name": "set_unit"}}):
+        body = chat(max_tokens=2, tools=[UNIT], tool_choice=choice, **extra)
+        r = await client.post(CHAT, json=body)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param
