@@ -36,7 +36,10 @@ def json_schema_spec(schema: Any, param: str) -> GrammarSpec:
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
         raise _bad(f"the JSON schema must be an object, got {type(schema).__name__}", param)
-    options = {**JSON_OPTIONS, **schema.get("x-guidance", {})}
+    own = schema.get("x-guidance", {})
+    if not isinstance(own, dict):
+        raise _bad(f"the schema's 'x-guidance' must be an object, got {type(own).__name__}", param)
+    options = {**JSON_OPTIONS, **own}
     return GrammarSpec.json_schema({**schema, "x-guidance": options}, param=param)
 
 

@@ -11,12 +11,14 @@ from starlette.requests import Request
 from mtplx.request import TokenEvent
 from server.body import parse_json_body
 from server.context import get_context
+from server.errors import APIError
 from server.generation import ChoiceResult, now, submit
 from server.logprobs import chat_logprobs
 from server.params import aliases_for, build_requests, check_common
 from server.prompts import chat_prompt, check_prompt_size, in_tokenizer_thread
 from server.routes.common import new_id, respond
 from server.schemas import ChatCompletionRequest
+from server.structured import grammar_for
 from server.tool_stream import ToolCallStream
 from server.tools import call_style, parse_tool_calls, plan_tools, render_conversation
 
@@ -88,14 +90,22 @@ async def chat_completions(request: Request) -> Response:
     )
     grammar = plan.grammar() if plan is not None else None
     options = body.mtplx
-    if (
-        plan is not None
-        and plan.choice == "auto"
-        and (
-            body.response_format not in (None, {"type": "text"})
-            or (options is not None and (options.regex or options.grammar))
-        )
-    ):
+    # The request's own constraint, validated whatever the tools say (never silently dropped).
+    own = grammar_for(
+        body.response_format,
+        options.regex if options else None,
+        options.grammar if options else None,
+    )
+    if own is not None and plan is not None:
+        if plan.choice != "auto":
+            field = "response_format" if own.param.startswith("response_format") else own.param
+            raise APIError(
+                400,
+                f"tool_choice {plan.choice!r} constrains the reply to tool calls: send no "
+                f"{field} with it",
+                param=field,
+                code="invalid_value",
+            )
         grammar = None  # the request's own constraint shapes a reply that calls no tool
     requests = build_requests(body, [prompt], engine, ctx.settings, grammar)
     ticket = submit(ctx.scheduler, requests, aliases_for(body))

@@ -10,8 +10,10 @@ const NUMBERED = /^\s*(\d{1,9})[.)]\s+(.*)$/;
 const QUOTE = /^\s*>\s?(.*)$/;
 const RULE = /^\s*([-*_])(\s*\1){2,}\s*$/;
 // One inline token: a code span, **bold**, *italic* / _italic_, or [text](http(s) URL).
+// A code span's backtick runs are whole (CommonMark): trying every part of a long run made
+// one search cubic in its length, and a reply of a few thousand backticks froze the page.
 const INLINE =
-  /(`+)([\s\S]*?[^`])\1(?!`)|\*\*(?=\S)([\s\S]*?\S)\*\*|(?<![\w*])\*(?=\S)([^*]*?\S)\*(?!\w)|(?<!\w)_(?=\S)([^_]*?\S)_(?!\w)|\[([^\]\n]+)\]\((https?:\/\/[^\s()]+)\)/;
+  /(?<!`)(`+)(?!`)([\s\S]*?[^`])\1(?!`)|\*\*(?=\S)([\s\S]*?\S)\*\*|(?<![\w*])\*(?=\S)([^*]*?\S)\*(?!\w)|(?<!\w)_(?=\S)([^_]*?\S)_(?!\w)|\[([^\]\n]+)\]\((https?:\/\/[^\s()]+)\)/;
 
 function el(tag, className) {
   const node = document.createElement(tag);

@@ -263,3 +263,26 @@ def test_markdown_renderer_builds_nodes_not_html(browser):
     )
     assert "javascript:" not in html.replace("[bad](javascript:alert(1))", "")
     assert "<script" not in html and "<img" not in html
+
+
+def test_markdown_renderer_is_fast_on_long_backtick_runs(browser):
+    # Was cubic: "x" + 3000 backticks took seconds per render (the page re-renders a
+    # streaming reply every frame), 20000 froze the tab.
+    with Served() as served:
+        browser.get(served.url)
+        wait(browser, lambda d: d.find_element(By.ID, "send").is_enabled())
+        elapsed, html = browser.execute_async_script(
+            """
+            const done = arguments[0];
+            import("/static/markdown.js").then(({ renderMarkdown }) => {
+              const text = "x" + "`".repeat(20000) + "\\n" + "`".repeat(3000) + "a" +
+                "`".repeat(2999) + "\\nsee ``a`b`` here";
+              const box = document.createElement("div");
+              const start = performance.now();
+              box.append(renderMarkdown(text));
+              done([performance.now() - start, box.innerHTML.slice(-40)]);
+            });
+            """
+        )
+    assert elapsed < 1000, elapsed
+    assert "<code>a`b</code> here" in html

@@ -260,3 +260,33 @@ async def test_constrained_reply_with_logprobs_and_a_stop_string(client: Any) ->
     assert choice["message"]["content"].startswith('{"ok":')  # cut by the stop string
     content = choice["logprobs"]["content"]
     assert content and all(len(entry["top_logprobs"]) == 2 for entry in content)
+
+
+@pytest.mark.parametrize("options", ["bad", [1], 3, None])
+async def test_schema_x_guidance_that_is_not_an_object_is_a_400(client: Any, options: Any) -> None:
+    # Was a 500: {**JSON_OPTIONS, **"bad"} raised TypeError.
+    schema = {"type": "object", "x-guidance": options}
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    r = await client.post(CHAT, json=chat(max_tokens=2, response_format=rf))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "response_format.json_schema.schema"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"response_format": {"type": "bogus"}}, "response_format.type"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"mtplx": {"regex": "(("}}, "mtplx.regex"),
+        ({"mtplx": {"grammar": 'start: "a"'}}, "mtplx.grammar"),
+    ],
+)
+async def test_required_tools_with_the_requests_own_constraint_is_a_400(
+    client: Any, extra: dict[str, Any], param: str
+) -> None:
+    # Was a 200 that silently dropped the request's constraint (even an invalid one).
+    for choice in ("required", {"type": "function", "function": {"name": "set_unit"}}):
+        body = chat(max_tokens=2, tools=[UNIT], tool_choice=choice, **extra)
+        r = await client.post(CHAT, json=body)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param
