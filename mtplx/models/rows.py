@@ -1,0 +1,80 @@
+"""The interface every batched target offers the engine: rows, their outputs, one forward
+over many rows (``mtplx.models.batched.SlotTarget``, ``mtplx.models.per_row.PerRowTarget``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import mlx.core as mx
+
+
+class Row(Protocol):
+    """One sequence's target state inside a batched target."""
+
+    length: int  # committed positions in the target cache
+
+
+@dataclass
+class RowOutput:
+    """One row's share of a batched forward."""
+
+    logits: mx.array | None  # [T_i, V], [1, V] (the last position) or None, as asked
+    hidden: mx.array  # [T_i, H] post-norm hidden states
+
+
+class BatchedTarget(Protocol):
+    """A target that runs many rows in one forward."""
+
+    vocab_size: int
+    hidden_size: int
+    recurrent: bool  # rows hold state that ``trim`` cannot drop (use checkpoint/rollback)
+
+    def new_row(self) -> Row:
+        """An empty row (no committed positions)."""
+        ...
+
+    def release(self, row: Row) -> None:
+        """Free a row's storage; the row must not be used again."""
+        ...
+
+    # Rows a forward may pack and still be batch-invariant (0: one row per forward only
+    # when prefilling, see ``max_prefill_tokens``), and the most tokens one prefilling row
+    # may feed in a forward shared with other rows.
+    max_packed_rows: int
+    max_prefill_tokens: int
+
+    def forward(
+        self, rows: list[Row], tokens: list[mx.array], logits: Sequence[str] | str = "all"
+    ) -> list[RowOutput]:
+        """tokens[i]: [T_i] int32 (may be lazy) appended to rows[i] -> one output per row.
+        Every row's length grows by T_i. ``logits`` (per row, or one for all): "all"
+        positions, the "last" one, or "none" (a prefill chunk that does not end its
+        prompt)."""
+        ...
+
+    def trim(self, row: Row, num_tokens: int) -> None:
+        """Drop the last ``num_tokens`` positions of ``row`` (KV rows only)."""
+        ...
+
+    def checkpoint(self, row: Row) -> Any:
+        """A point ``rollback`` returns the row to."""
+        ...
+
+    def rollback(self, row: Row, point: Any) -> None:
+        """Return ``row`` to ``point``."""
+        ...
+
+    def unevaluated(self) -> list[mx.array]:
+        """State the last forward updated that no output depends on: evaluate it with the
+        outputs."""
+        ...
+
+
+def logits_per_row(logits: Sequence[str] | str, rows: Sequence[object]) -> list[str]:
+    """The ``logits`` argument of ``forward`` as one choice per row."""
+    wanted = [logits] * len(rows) if isinstance(logits, str) else list(logits)
+    if len(wanted) != len(rows) or any(w not in ("all", "last", "none") for w in wanted):
+        raise ValueError(f"logits must be 'all', 'last' or 'none' per row, got {logits!r}")
+    return wanted
