@@ -128,7 +128,12 @@ def test_langchain_structured_output_and_bind_tools(base_url: str) -> None:
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(
-        model=MODEL, base_url=f"{base_url}/v1", api_key=API_KEY, max_tokens=64, max_retries=0
+        model=MODEL,
+        base_url=f"{base_url}/v1",
+        api_key=API_KEY,
+        max_tokens=64,
+        max_retries=0,
+        temperature=0,  # deterministic: sampled, the tiny model may repeat calls to max_tokens
     )
     structured = llm.with_structured_output(Unit, method="json_schema")
     result = structured.invoke("Pick a unit.")
@@ -140,7 +145,9 @@ def test_langchain_structured_output_and_bind_tools(base_url: str) -> None:
 
     # strict: LangChain closes the arguments object (additionalProperties false), so the
     # tiny random model cannot wander off into extra keys.
-    bound = llm.bind_tools([set_unit], tool_choice="set_unit", strict=True)
+    bound = llm.bind_tools(
+        [set_unit], tool_choice="set_unit", strict=True, parallel_tool_calls=False
+    )
     message = bound.invoke("Pick a unit.")
     assert message.tool_calls and message.tool_calls[0]["name"] == "set_unit"
     assert message.tool_calls[0]["args"]["unit"] in ("c", "f")
