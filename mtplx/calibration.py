@@ -190,6 +190,9 @@ def _cache_path(engine: Engine) -> Path:
             engine.max_num_seqs,
             engine.max_adaptive_depth,
             engine.available_drafters,
+            # A pipeline's forwards cost what its ranks and links do (absent otherwise, so
+            # single-process keys are unchanged).
+            *filter(None, [getattr(engine.batched, "calibration_key", None)]),
         ]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -28,7 +28,7 @@ from mtplx.errors import InvalidParameter
 from mtplx.events import record_cycle, token_event
 from mtplx.grammar import GrammarCompiler
 from mtplx.models.base import LoadedModel, TargetModel
-from mtplx.models.batched import RowOutput, batched_target
+from mtplx.models.batched import BatchedTarget, RowOutput, batched_target
 from mtplx.output import TextEmitter
 from mtplx.planner import Plan, StepCosts, draft_source, make_policies, plan_cycle
 from mtplx.prefix_cache import PrefixCache
@@ -74,10 +74,13 @@ class Engine:
         prefill_budget: int = 256,
         costs: StepCosts | None = None,
         prefix_cache_bytes: int = 0,
+        batched: BatchedTarget | None = None,
     ) -> None:
         self.model = model
         self.target = model.target
-        self.batched = batched_target(
+        # ``batched``: a batched form of the target built by the caller (a pipeline stage,
+        # ``mtplx.distributed``); by default the fastest exact one for the model.
+        self.batched = batched or batched_target(
             model.target, max_num_seqs, keep_hidden=prefix_cache_bytes > 0
         )
         self.prefix = PrefixReuse.build(

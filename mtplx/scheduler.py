@@ -239,6 +239,7 @@ class Scheduler:
         self._draining = False
         self._active: list[Ticket] = []  # tickets with rows in the batch (worker thread)
         self.load_error: BaseException | None = None
+        self.failure: EngineNotReady | None = None  # set by ``fail``
         self._ready = threading.Event()
         self._completed = self._failed = self._cancelled = 0
         self._mean_seconds = 5.0  # running mean of ticket durations, for Retry-After
@@ -278,7 +279,8 @@ class Scheduler:
             ticket._deliver(ShuttingDown())
         if self._thread is not None:
             self._thread.join(timeout)
-        self._state = "stopped"
+        if self.failure is None:
+            self._state = "stopped"
 
     def drain(self, timeout: float) -> threading.Thread:
         """Graceful shutdown: refuse new tickets now, let running and waiting ones finish for
@@ -299,6 +301,23 @@ class Scheduler:
         thread = threading.Thread(target=wait_then_stop, name="mtplx-drain", daemon=True)
         thread.start()
         return thread
+
+    def fail(self, error: EngineNotReady) -> None:
+        """The engine can no longer run (a pipeline rank was lost): every ticket ends with
+        ``error`` now, new ones are refused with it, the worker thread stops. Safe from any
+        thread, also while the worker thread is blocked inside a step."""
+        with self._cond:
+            self.failure = error
+            self._state = "failed"
+            self._stopping = True
+            tickets = list(self._active) + [t for t in self._pending if t not in self._active]
+            self._active.clear()
+            self._pending.clear()
+            self._failed += len(tickets)
+            self._cond.notify_all()
+        for ticket in tickets:
+            ticket._deliver(error)
+            ticket._deliver(_END)
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the engine is loaded (True) or loading failed / timed out (False)."""
@@ -381,6 +400,8 @@ class Scheduler:
         deadline = time.monotonic() + (timeout or self.request_timeout)
         ticket = Ticket(requests=requests, deadline=deadline, _loop=loop, _scheduler=self)
         with self._cond:
+            if self.failure is not None:
+                raise self.failure
             if self._stopping or self._draining:
                 raise ShuttingDown()
             # Tickets the batch has room for start at the next step: they are not waiting.
@@ -395,6 +416,8 @@ class Scheduler:
         return max(1, min(60, math.ceil(self._mean_seconds * (len(self._pending) + 1))))
 
     def _not_ready(self) -> EngineNotReady:
+        if self.failure is not None:
+            return self.failure
         if self._state == "failed":
             return EngineNotReady(f"the model failed to load: {self.load_error}")
         if self._state in ("stopped", "draining") or self._stopping or self._draining:

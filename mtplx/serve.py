@@ -99,6 +99,18 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-limit", type=int, help="largest max_tokens a request may ask")
     p.add_argument("--served-model-name", help="the model id clients send")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.add_argument(
+        "--distributed",
+        action="store_true",
+        help="split the model's layers over the ranks of mlx.launch (rank 0 serves HTTP)",
+    )
+    p.add_argument(
+        "--pipeline-timeout",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="with --distributed: a rank silent this long is lost (503s, exit 1)",
+    )
     return p
 
 
@@ -175,6 +187,7 @@ def engine_factory(
     max_num_seqs: int = 16,
     prefill_chunk_size: int = 32,
     prefix_cache_bytes: int = 0,
+    pipeline: Any = None,
 ) -> Callable[[], Any]:
     """A callable that loads the checkpoint and builds the engine. The scheduler runs it on
     its engine thread, so MLX arrays are created on the thread that uses them, and the
@@ -182,7 +195,8 @@ def engine_factory(
 
     ``draft_layers`` N adds a layer-skip self-draft (the target's first N layers) as the
     ``draft_model`` drafter. A ``drafter`` the loaded model cannot use is a ValueError that
-    names the available ones."""
+    names the available ones. ``pipeline`` (a ``mtplx.distributed.Pipeline``, rank 0): load
+    rank 0's stage only and run the others' over the pipeline."""
     if not model:
         _default_model_function()  # a missing default fails now, not after the server is up
 
@@ -191,7 +205,8 @@ def engine_factory(
         from mtplx.models import load, make_layer_skip_draft
 
         path = resolve_model(model)
-        loaded = load(path)
+        loaded = load(path) if pipeline is None else load(path, stage=pipeline.stage)
+        batched = None if pipeline is None else pipeline.target(loaded.target, max_num_seqs)
         draft = make_layer_skip_draft(loaded, draft_layers) if draft_layers else None
         if drafter != "auto":
             _check_drafter_available(drafter, path, bool(loaded.mtp_heads), draft is not None)
@@ -204,6 +219,7 @@ def engine_factory(
             prefill_chunk_size=prefill_chunk_size,
             prefill_budget=256,
             prefix_cache_bytes=prefix_cache_bytes,
+            batched=batched,
         )
         engine.warm_up()  # while /health says loading, not in the first request
         return engine
@@ -290,10 +306,29 @@ def serve(args: argparse.Namespace) -> int:
 
     import logging
 
-    from mtplx.scheduler import Scheduler
+    from mtplx.scheduler import EngineNotReady, Scheduler
     from server.app import create_app
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    pipeline = None
+    if args.distributed:
+        from mtplx.distributed import Pipeline
+
+        if settings.draft_layers:
+            print("mtplx serve: --draft-layers cannot be used with --distributed", file=sys.stderr)
+            return 2
+        try:
+            pipeline = Pipeline.join(args.pipeline_timeout)
+        except (RuntimeError, ValueError) as exc:
+            print(f"mtplx serve: --distributed: {exc}", file=sys.stderr)
+            return 2
+        if pipeline.rank != 0:
+            return pipeline.work(resolve_model(settings.model), settings.max_num_seqs)
+
+        def lost(failure: Exception) -> None:
+            scheduler.fail(EngineNotReady(str(failure)))
+
+        pipeline.on_failure = lost
     scheduler = Scheduler(
         engine_factory(
             settings.model,
@@ -303,6 +338,7 @@ def serve(args: argparse.Namespace) -> int:
             settings.max_num_seqs,
             settings.prefill_chunk_size,
             settings.prefix_cache_bytes,
+            pipeline,
         ),
         max_queue=settings.max_queue,
         request_timeout=settings.request_timeout,
@@ -316,6 +352,9 @@ def serve(args: argparse.Namespace) -> int:
         settings.log_level,
         settings.shutdown_timeout,
     )
+    if pipeline is not None and not pipeline.close():
+        print(f"mtplx serve: {pipeline.failure}", file=sys.stderr)
+        return 1
     if error is not None:
         print(f"mtplx serve: the model failed to load: {error}", file=sys.stderr)
         return 1

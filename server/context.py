@@ -32,11 +32,13 @@ class AppContext:
         """The engine, or a 503 APIError while it loads (or after it failed to)."""
         state = self.scheduler.state
         if state != "ready":
-            message = (
-                f"The model failed to load: {self.scheduler.load_error}"
-                if state == "failed"
-                else "The model is loading; retry shortly."
-            )
+            failure = getattr(self.scheduler, "failure", None)  # failed after loading
+            if failure is not None:
+                message = f"The engine failed: {failure}"
+            elif state == "failed":
+                message = f"The model failed to load: {self.scheduler.load_error}"
+            else:
+                message = "The model is loading; retry shortly."
             headers = {"Retry-After": "5"} if state in ("created", "loading") else None
             raise APIError(503, message, code="model_not_ready", headers=headers)
         return self.scheduler.engine

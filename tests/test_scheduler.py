@@ -356,3 +356,40 @@ def test_a_reader_that_stops_reading_is_cancelled():
 
     asyncio.run(main())
     sched.stop()
+
+
+def test_fail_ends_running_and_waiting_tickets_and_refuses_new_ones():
+    """A lost pipeline rank: ``fail`` runs on another thread while a step is stuck."""
+    stuck, release = threading.Event(), threading.Event()
+
+    class StuckEngine(FakeEngine):
+        def step(self):
+            stuck.set()
+            release.wait(10)
+            return super().step()
+
+    engine = StuckEngine(max_num_seqs=1)
+    sched = Scheduler.from_engine(engine, max_queue=4, request_timeout=10.0)
+    sched.start()
+    assert sched.wait_ready(5)
+    failure = EngineNotReady("a pipeline rank was lost")
+
+    async def main():
+        running = sched.submit(_request("a"))
+        waiting = sched.submit(_request("b"))
+        await asyncio.get_running_loop().run_in_executor(None, stuck.wait, 5)
+        sched.fail(failure)
+        for ticket in (running, waiting):
+            with pytest.raises(EngineNotReady, match="pipeline rank was lost"):
+                await _collect(ticket)
+        with pytest.raises(EngineNotReady, match="pipeline rank was lost"):
+            sched.submit(_request("c"))
+
+    try:
+        asyncio.run(main())
+        assert sched.state == "failed"
+        assert sched.stats().failed == 2
+    finally:
+        release.set()
+        sched.stop()
+    assert sched.state == "failed"  # stop keeps the reason /health reports

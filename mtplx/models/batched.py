@@ -296,17 +296,8 @@ class SlotTarget:
         groups = self._groups(rows, counts)
         inner = self.trunk.inner
         packed = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
-        # Each packed token's position in its row, for RoPE on the packed projections.
-        positions = mx.array(
-            [row.length + t for row, count in zip(rows, counts, strict=True) for t in range(count)],
-            mx.int32,
-        )
-        x = inner.embed_tokens(packed[None])  # [1, N, H]
-        for layer, store, fused in zip(inner.layers, self._stores, self._fused, strict=True):
-            x = x + self._attention(
-                layer.self_attn, layer.input_layernorm(x), store, groups, positions, fused
-            )
-            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), fused)
+        positions = packed_positions(rows, counts)
+        x = self._trunk_layers(inner.embed_tokens(packed[None]), rows, counts, groups, positions)
         hidden = inner.norm(x)[0]  # [N, H]
         self._keep_hidden(rows, counts, hidden)
         for row, count in zip(rows, counts, strict=True):
@@ -331,6 +322,31 @@ class SlotTarget:
         for position, index in enumerate(order):
             unsorted[index] = outputs[position]
         return unsorted
+
+    def _trunk_layers(
+        self,
+        x: mx.array,
+        rows: list[SlotRow],
+        counts: list[int],
+        groups: list[_Group],
+        positions: mx.array,
+    ) -> mx.array:
+        """The trunk's decoder layers over the packed tokens: x [1, N, H] embedded ->
+        [1, N, H] before the final norm. (A pipeline stage runs its own range of layers
+        here and exchanges x with the other ranks: ``mtplx.distributed``.)"""
+        return self._layers(x, groups, positions)
+
+    def _layers(self, x: mx.array, groups: list[_Group], positions: mx.array) -> mx.array:
+        """This target's layers (all of the trunk's, or a pipeline stage's): [1, N, H] ->
+        [1, N, H]."""
+        for layer, store, fused in zip(
+            self.trunk.inner.layers, self._stores, self._fused, strict=True
+        ):
+            x = x + self._attention(
+                layer.self_attn, layer.input_layernorm(x), store, groups, positions, fused
+            )
+            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), fused)
+        return x
 
     def _keep_hidden(self, rows: list[SlotRow], counts: list[int], hidden: mx.array) -> None:
         """Store each fed position's hidden state (hidden: [N, H] packed) in its slot."""
@@ -546,6 +562,14 @@ class SlotTarget:
         attended = mx.concatenate(blocks, axis=2) if len(blocks) > 1 else blocks[0]
         attended = attended.transpose(0, 2, 1, 3)  # [R, T, heads, d]
         return attended.reshape(rows * tokens, heads * head_dim)[group.to_packed]
+
+
+def packed_positions(rows: Sequence[SlotRow], counts: Sequence[int]) -> mx.array:
+    """Each packed token's position in its row, for RoPE on the packed projections: [N]."""
+    return mx.array(
+        [row.length + t for row, count in zip(rows, counts, strict=True) for t in range(count)],
+        mx.int32,
+    )
 
 
 def batched_target(target: TargetModel, max_rows: int, keep_hidden: bool = False) -> BatchedTarget:

@@ -41,10 +41,11 @@ def _raw_hf_layout(arch: str, weights: dict[str, mx.array]) -> bool:
 
 
 def _load_trunk(
-    directory: Path, config: dict[str, Any], arch: str, sink: MTPTensors
+    directory: Path, config: dict[str, Any], arch: str, sink: MTPTensors, lazy: bool = False
 ) -> tuple[nn.Module, dict[str, Any]]:
     """mlx-lm's load_model, with the MTP tensors moved from its weights into ``sink``
-    before the model's own sanitize runs."""
+    before the model's own sanitize runs. ``lazy``: weights are read when first
+    evaluated (a pipeline stage never reads the layers it drops)."""
     from mlx_lm.utils import _get_classes, load_model
 
     is_mtp = mtp_key_predicate(config, arch)
@@ -66,7 +67,7 @@ def _load_trunk(
         return WithMTPSetAside, args_cls
 
     try:
-        return load_model(directory, get_model_classes=classes)
+        return load_model(directory, lazy=lazy, get_model_classes=classes)
     except ValueError as error:
         # mlx-lm's strict load names the offending parameter; say which checkpoint it was.
         raise CheckpointError(f"{directory}: {error}") from error
@@ -98,6 +99,7 @@ def load(
     *,
     dequantize: bool | None = None,
     mtp_weights: str | Path | None = None,
+    stage: tuple[int, int] | None = None,
 ) -> LoadedModel:
     """Load a checkpoint for the engine.
 
@@ -107,7 +109,9 @@ def load(
     weights (and cast bf16/f16 to float32) on the CPU backend, keep them on a GPU.
     ``mtp_weights``: a separate MTP weight file or directory (default: the checkpoint's own
     mtp*.safetensors). Every MTP tensor must be consumed by a head: a missing or unexpected
-    one raises ``MTPWeightError`` naming the key.
+    one raises ``MTPWeightError`` naming the key. ``stage`` (rank, number of ranks): keep
+    only that pipeline stage's decoder layers (``mtplx.distributed``); the others are
+    never read.
     """
     from mlx_lm.utils import load_tokenizer
 
@@ -122,13 +126,17 @@ def load(
     check_weight_files(model_files(directory))
     tensors = MTPTensors()
     extra = mtp_files(directory, mtp_weights)
-    mlx_model, config = _load_trunk(directory, config, arch, tensors)
+    mlx_model, config = _load_trunk(directory, config, arch, tensors, lazy=stage is not None)
     load_separate_mtp(extra, mtp_key_predicate(config, arch), tensors)
 
+    trunk = Trunk.of(mlx_model, arch)
+    if stage is not None:
+        from mtplx.distributed import keep_stage
+
+        keep_stage(trunk, *stage)
     cpu = mx.default_device() == mx.cpu
     dequantize = cpu if dequantize is None else dequantize
     settle_dtypes(mlx_model, dequantize=dequantize, to_float32=cpu)
-    trunk = Trunk.of(mlx_model, arch)
     heads, draft_vocab = build_heads(trunk, tensors, config)
     for head in heads:
         settle_dtypes(head.module, dequantize=dequantize, to_float32=cpu)

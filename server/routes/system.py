@@ -91,7 +91,7 @@ async def health(request: Request) -> JSONResponse:
             }
         return JSONResponse(body)
     if stats.state == "failed":
-        body["error"] = str(ctx.scheduler.load_error)
+        body["error"] = str(getattr(ctx.scheduler, "failure", None) or ctx.scheduler.load_error)
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 

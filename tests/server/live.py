@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,17 +30,34 @@ def free_port() -> int:
 def live_server(checkpoint: Path, log: Path, *args: str) -> Iterator[str]:
     """Serve ``checkpoint`` (with ``args`` for ``mtplx serve``) until the block ends; yields
     the base URL. The server's output goes to ``log``, shown when it fails to start."""
+    with live_process(checkpoint, log, *args) as (url, _):
+        yield url
+
+
+@contextmanager
+def live_process(
+    checkpoint: Path,
+    log: Path,
+    *args: str,
+    launcher: Sequence[str] = (),
+    startup_seconds: float = 60,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``live_server`` that also yields the process; ``launcher``: a command the server runs
+    under (``mlx.launch ... --``)."""
     # Server settings come from the command line only (MTPLX_HOME, MTPLX_BLAS stay).
     settings = {f"MTPLX_{name.upper()}" for name in ServerSettings.model_fields}
     env = {k: v for k, v in os.environ.items() if k.upper() not in settings}
     env["PYTHONPATH"] = str(ROOT)
     port = free_port()
-    command = [sys.executable, "-m", "mtplx", "serve", str(checkpoint), "--port", str(port), *args]
+    command = [
+        *launcher,
+        *(sys.executable, "-m", "mtplx", "serve", str(checkpoint), "--port", str(port), *args),
+    ]
     with log.open("w") as output:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + startup_seconds
         while True:
             assert process.poll() is None, f"server exited: {log.read_text()[-2000:]}"
             try:
@@ -50,7 +67,7 @@ def live_server(checkpoint: Path, log: Path, *args: str) -> Iterator[str]:
                 pass
             assert time.monotonic() < deadline, f"not healthy: {log.read_text()[-2000:]}"
             time.sleep(0.1)
-        yield url
+        yield url, process
     finally:
         process.terminate()
         try:

@@ -1,0 +1,221 @@
+"""mtplx.distributed: the pipeline's pieces, and ``mtplx serve --distributed`` for real under
+``mlx.launch`` (two ranks on the loopback ring) against a single-process server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import mlx.core as mx
+import pytest
+
+from mtplx.distributed import (
+    HEADER_FIELDS,
+    OP_FORWARD,
+    ROW_FIELDS,
+    check_pipeline_model,
+    encode_message,
+    keep_stage,
+    message_size,
+    stage_layers,
+)
+from mtplx.models import load
+from mtplx.models.batched import SlotRow
+from tests.server.live import live_process, live_server
+
+LAUNCH = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]
+PROMPTS = ["Once upon a time", "def fibonacci(n):", "The three primary colors are"]
+
+
+# -- pieces ---------------------------------------------------------------------------------
+
+
+def test_stage_layers_are_contiguous_and_cover_every_layer():
+    for num_layers in range(1, 40):
+        for num_ranks in range(1, min(num_layers, 6) + 1):
+            stages = stage_layers(num_layers, num_ranks)
+            assert [layer for stage in stages for layer in stage] == list(range(num_layers))
+            sizes = [len(stage) for stage in stages]
+            assert max(sizes) - min(sizes) <= 1
+            assert sizes == sorted(sizes)  # rank 0, which also runs the heads, never has more
+    assert stage_layers(30, 4) == [range(0, 7), range(7, 14), range(14, 22), range(22, 30)]
+
+
+@pytest.mark.parametrize("num_layers, num_ranks", [(2, 3), (4, 0)])
+def test_stage_layers_refuses_impossible_splits(num_layers, num_ranks):
+    with pytest.raises(ValueError, match="cannot split"):
+        stage_layers(num_layers, num_ranks)
+
+
+def test_encode_message_lays_out_rows_after_the_header():
+    rows = [SlotRow(3, 40), SlotRow(0, 7)]
+    message = encode_message(OP_FORWARD, rows, [4, 1], 256, max_rows=4).tolist()
+    assert len(message) == message_size(4) == HEADER_FIELDS + ROW_FIELDS * 4
+    assert message[:HEADER_FIELDS] == [OP_FORWARD, 2, 5, 256]
+    assert message[HEADER_FIELDS : HEADER_FIELDS + 6] == [3, 40, 4, 0, 7, 1]
+    assert message[HEADER_FIELDS + 6 :] == [0] * 6
+
+
+def test_keep_stage_loads_only_the_stage_layers(llama_mtp_checkpoint):
+    full = load(llama_mtp_checkpoint)
+    first = load(llama_mtp_checkpoint, stage=(0, 2))
+    second = load(llama_mtp_checkpoint, stage=(1, 2))
+    layers = full.target.trunk.inner.layers
+    assert len(layers) == 2
+    assert len(first.target.trunk.inner.layers) == len(second.target.trunk.inner.layers) == 1
+    for stage, index in ((first, 0), (second, 1)):
+        kept = stage.target.trunk.inner.layers[0]
+        assert mx.array_equal(
+            kept.self_attn.q_proj.weight, layers[index].self_attn.q_proj.weight
+        ).item()
+    trunk = SimpleNamespace(inner=SimpleNamespace(layers=list("abcde")))
+    assert keep_stage(trunk, 1, 2) == range(2, 5)
+    assert trunk.inner.layers == ["c", "d", "e"]
+
+
+def test_only_llama_like_models_are_split(qwen3_next_checkpoint, llama_mtp_checkpoint):
+    check_pipeline_model(load(llama_mtp_checkpoint).target)
+    with pytest.raises(ValueError, match="llama-like models only, not qwen3_next"):
+        check_pipeline_model(load(qwen3_next_checkpoint).target)
+
+
+# -- two ranks under mlx.launch ---------------------------------------------------------------
+
+
+def _complete(url: str, prompt: str, **options: object) -> dict:
+    body = {"model": "fixture", "prompt": prompt, "max_tokens": 24, **options}
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _outputs(url: str) -> dict[str, list[str]]:
+    """Greedy with MTP drafting at depth 2, greedy plain, and seeded sampling."""
+    model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    configs = {
+        "mtp@2": {"temperature": 0, "mtplx": {"drafter": "mtp", "depth": 2}},
+        "plain": {"temperature": 0, "mtplx": {"drafter": "none"}},
+        "seeded": {"temperature": 0.9, "seed": 11, "mtplx": {"drafter": "mtp", "depth": 2}},
+    }
+    outputs = {}
+    for name, options in configs.items():
+        replies = [_complete(url, prompt, model=model, **options) for prompt in PROMPTS]
+        outputs[name] = [reply["choices"][0]["text"] for reply in replies]
+        if name == "mtp@2":
+            assert sum(reply["mtplx"]["drafted"] for reply in replies) > 0
+    return outputs
+
+
+def _rank_pid(port: int, rank: int) -> int:
+    """The process of ``rank`` among the servers on ``port``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(port).encode() in command and f"MLX_RANK={rank}".encode() in environ:
+            return int(entry.name)
+    raise AssertionError(f"no rank {rank} serving port {port}")
+
+
+@contextmanager
+def _two_ranks(checkpoint: Path, log: Path, *args: str) -> Iterator[tuple[str, object]]:
+    with live_process(
+        checkpoint, log, "--distributed", *args, launcher=LAUNCH, startup_seconds=180
+    ) as (url, process):
+        try:
+            yield url, process
+        finally:
+            port = int(url.rsplit(":", 1)[1])
+            for rank in (1, 0):  # a stopped rank ignores mlx.launch's SIGTERM
+                try:
+                    pid = _rank_pid(port, rank)
+                except AssertionError:
+                    continue
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def one_rank_outputs(llama_mtp_checkpoint, tmp_path_factory):
+    log = tmp_path_factory.mktemp("one_rank") / "server.log"
+    with live_server(llama_mtp_checkpoint, log) as url:
+        return _outputs(url)
+
+
+def test_two_ranks_match_one_rank_and_stop_cleanly(
+    llama_mtp_checkpoint, one_rank_outputs, tmp_path
+):
+    log = tmp_path / "server.log"
+    with _two_ranks(llama_mtp_checkpoint, log) as (url, process):
+        assert _outputs(url) == one_rank_outputs
+        health = httpx.get(f"{url}/health").json()
+        assert health["status"] == "ok"
+        port = int(url.rsplit(":", 1)[1])
+        os.kill(_rank_pid(port, 0), signal.SIGTERM)  # a normal shutdown stops the worker too
+        process.wait(60)
+    text = log.read_text()
+    assert "exited with code" not in text, text[-3000:]  # mlx.launch warns of non-zero ranks
+    assert "rank 1 stopped after" in text
+
+
+def _stream_until_error(url: str, kill: callable) -> tuple[list[dict], float]:
+    """Stream a long completion, call ``kill`` after a few tokens; the events and the
+    seconds from ``kill`` to the end of the stream."""
+    model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    body = {
+        "model": model,
+        "prompt": "Once upon a time",
+        "max_tokens": 4000,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    events, killed_at = [], None
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            events.append(json.loads(line[len("data: ") :]))
+            if len(events) == 5:
+                kill()
+                killed_at = time.monotonic()
+    assert killed_at is not None, events
+    return events, time.monotonic() - killed_at
+
+
+@pytest.mark.parametrize("fault", ["killed", "hung"])
+def test_a_lost_worker_fails_requests_with_503_and_rank_0_exits_non_zero(
+    llama_mtp_checkpoint, tmp_path, fault
+):
+    log = tmp_path / "server.log"
+    with _two_ranks(llama_mtp_checkpoint, log, "--pipeline-timeout", "4") as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        worker = _rank_pid(port, 1)
+        kill_signal = signal.SIGKILL if fault == "killed" else signal.SIGSTOP
+        events, seconds = _stream_until_error(url, lambda: os.kill(worker, kill_signal))
+        assert "error" in events[-1], events[-3:]
+        error = events[-1]["error"]
+        assert error["type"] == "service_unavailable_error"
+        assert "pipeline rank" in error["message"]
+        assert seconds < 30
+        if fault == "hung":
+            assert "has not answered for 4 s" in error["message"]
+        deadline = time.monotonic() + 30
+        while "rank 0 exited with code 1" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=2)
