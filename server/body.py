@@ -19,7 +19,13 @@ from starlette.requests import Request
 
 from server.errors import APIError, field_path, from_validation_error
 
-__all__ = ["MAX_JSON_DEPTH", "check_json_values", "decode_json", "parse_json_body"]
+__all__ = [
+    "MAX_JSON_DEPTH",
+    "check_json_values",
+    "decode_json",
+    "parse_json_body",
+    "validate_part",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -106,3 +112,18 @@ async def parse_json_body(request: Request, model: type[M]) -> M:
         )
     raw = await request.body()
     return await run_in_threadpool(decode_json, raw, model)
+
+
+def validate_part(model: type[M], value: Any, path: tuple[str | int, ...]) -> M:
+    """``value``, the part of a request at ``path`` (``("tools", 0)``), validated as
+    ``model``: a 400 naming the field under ``path`` otherwise. For parts whose shape
+    depends on a ``type`` the route reads first (a tool, a content block, an input item),
+    so a type MTPLX does not implement gets a message saying so, not a schema error."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        errors = [{**e, "loc": (*path, *e.get("loc", ()))} for e in exc.errors()]
+        data = value  # the request around the part, as far as the error's location needs
+        for part in reversed(path):
+            data = [None] * part + [data] if isinstance(part, int) else {part: data}
+        raise from_validation_error(errors, data) from exc

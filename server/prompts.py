@@ -166,7 +166,10 @@ def chat_prompt(
     template dicts (tool calling does that); ``tools``: tool definitions for a template that
     renders them itself."""
     if continue_final and len(messages) > 1 and messages[-1].role == "assistant":
-        head = chat_prompt(tokenizer, messages[:-1])
+        # A rendered conversation ends with the prefill's entry (rendering only ever
+        # inserts in front, the generic tools' system prompt).
+        head_conversation = conversation[:-1] if conversation is not None else None
+        head = chat_prompt(tokenizer, messages[:-1], False, head_conversation, tools)
         prefill = message_text(messages[-1], len(messages) - 1)
         ids = tokenizer.encode(prefill, add_special_tokens=False) if prefill else []
         return Prompt(head.token_ids + [int(t) for t in ids], "")

@@ -1,7 +1,9 @@
-"""Streaming a chat reply that may call tools: text streams as content until a tool call may
+"""Streaming a reply that may call tools: text streams as content until a tool call may
 begin (a call marker, or a JSON object opening the reply); from there it is held back, and
-at the end it goes out as OpenAI tool-call deltas (``finish_reason: "tool_calls"``), or as
-content when it does not parse as calls."""
+at the end it goes out as calls, or as content when it does not parse as calls.
+``HeldText`` does the holding back for every API (chat's tool-call deltas here, Anthropic's
+``tool_use`` blocks, the Responses API's ``function_call`` items);
+``ToolCallStream`` is chat's formatter."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 from mtplx.request import TokenEvent
 from server.tools import CALL_MARKERS, ToolPlan, parse_tool_calls
 
-__all__ = ["ToolCallStream"]
+__all__ = ["HeldText", "ToolCallStream"]
 
 
 def _held_suffix(text: str) -> int:
@@ -21,8 +23,8 @@ def _held_suffix(text: str) -> int:
     return 0
 
 
-class _Choice:
-    """One choice's text: what was sent as content, and what is held back."""
+class HeldText:
+    """One reply's text: what was sent as content, and what is held back."""
 
     def __init__(self) -> None:
         self.sent = ""
@@ -49,6 +51,18 @@ class _Choice:
         self.sent += out
         return out
 
+    def settle(self, plan: ToolPlan) -> tuple[str, list[dict[str, Any]]]:
+        """At the end of the reply: (text still to send as content, the calls in OpenAI's
+        shape). Without calls all held text is content; with calls, only the text before
+        them that was not sent yet (whitespace alone is dropped)."""
+        content, calls = parse_tool_calls(self.sent + self.held, plan)
+        if not calls:
+            return self.held, []
+        # ``content`` is the text before the calls, stripped; the sent part is its prefix
+        # once the leading whitespace that went out with it is skipped.
+        unsent = (content or "")[len(self.sent.lstrip()) :]
+        return (unsent if unsent.strip() else ""), calls
+
 
 class ToolCallStream:
     """Wraps a chat chunk formatter (``server.routes.chat.ChatChunks``) for a request with
@@ -58,10 +72,10 @@ class ToolCallStream:
         self.chunks = chunks
         self.plan = plan
         self.wants_logprobs = chunks.wants_logprobs
-        self.choices: dict[int, _Choice] = {}
+        self.choices: dict[int, HeldText] = {}
 
-    def _choice(self, index: int) -> _Choice:
-        return self.choices.setdefault(index, _Choice())
+    def _choice(self, index: int) -> HeldText:
+        return self.choices.setdefault(index, HeldText())
 
     def begin(self, index: int) -> dict[str, Any] | None:
         """The role delta."""
@@ -83,16 +97,10 @@ class ToolCallStream:
 
     def finish(self, index: int, reason: str) -> list[dict[str, Any]]:
         """Held text as content, or the calls as tool-call deltas; then the finish chunk."""
-        choice = self._choice(index)
-        content, calls = parse_tool_calls(choice.sent + choice.held, self.plan)
-        out: list[dict[str, Any]] = []
+        unsent, calls = self._choice(index).settle(self.plan)
+        out = [self.chunks.tail(index, unsent)] if unsent else []
         if not calls:
-            if choice.held:
-                out.append(self.chunks.tail(index, choice.held))
             return [*out, self.chunks.finish(index, reason)]
-        unsent = (content or "")[len(choice.sent) :]
-        if unsent.strip():
-            out.append(self.chunks.tail(index, unsent))
         for position, call in enumerate(calls):
             delta = {"tool_calls": [{"index": position, **call}]}
             out.append(self.chunks._chunk(index, delta))

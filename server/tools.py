@@ -29,9 +29,17 @@ from mtplx.grammar import GrammarSpec
 from server.errors import APIError
 from server.prompts import message_text
 from server.schemas import ChatCompletionRequest, ChatMessage, Tool
-from server.structured import JSON_OPTIONS
+from server.structured import JSON_OPTIONS, grammar_for
 
-__all__ = ["ToolPlan", "parse_tool_calls", "plan_tools", "render_conversation"]
+__all__ = [
+    "ToolPlan",
+    "call_style",
+    "parse_tool_calls",
+    "plan_tools",
+    "render_conversation",
+    "reply_grammar",
+    "split_reply",
+]
 
 HERMES, LLAMA, DEEPSEEK, GENERIC = "hermes", "llama", "deepseek", "generic"
 DS_CALLS = "<｜tool▁calls▁begin｜>"
@@ -163,6 +171,33 @@ def plan_tools(body: ChatCompletionRequest, tokenizer: Any) -> ToolPlan | None:
         parallel=body.parallel_tool_calls is not False,
         style=call_style(tokenizer),
     )
+
+
+def reply_grammar(body: ChatCompletionRequest, plan: ToolPlan | None) -> GrammarSpec | None:
+    """The constraint on a chat request's reply: the tool plan's, or the request's own
+    (``response_format`` / ``mtplx.regex`` / ``mtplx.grammar``), validated whatever the tools
+    say (never silently dropped). Both at once only with ``tool_choice`` auto: then the
+    request's own shapes a reply that calls no tool."""
+    options = body.mtplx
+    own = grammar_for(
+        body.response_format,
+        options.regex if options else None,
+        options.grammar if options else None,
+    )
+    if plan is None:
+        return own
+    if own is None:
+        return plan.grammar()
+    if plan.choice != "auto":
+        field = "response_format" if own.param.startswith("response_format") else own.param
+        raise APIError(
+            400,
+            f"tool_choice {plan.choice!r} constrains the reply to tool calls: send no "
+            f"{field} with it",
+            param=field,
+            code="invalid_value",
+        )
+    return own
 
 
 def _generic_instructions(plan: ToolPlan) -> str:
@@ -298,3 +333,13 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[s
         calls = calls[:1]
     content = text[:start].strip()
     return content or None, calls
+
+
+def split_reply(text: str, plan: ToolPlan | None) -> tuple[str, list[dict[str, Any]]]:
+    """(text, calls) of a whole reply for the APIs that answer calls beside the text
+    (Anthropic's ``tool_use`` blocks, the Responses API's ``function_call`` items): the text
+    before the calls ("" when none), or all of it when there are none."""
+    if plan is None:
+        return text, []
+    content, calls = parse_tool_calls(text, plan)
+    return (content or "", calls) if calls else (text, [])

@@ -11,16 +11,12 @@ from starlette.requests import Request
 from mtplx.request import TokenEvent
 from server.body import parse_json_body
 from server.context import get_context
-from server.errors import APIError
-from server.generation import ChoiceResult, now, submit
+from server.generation import ChoiceResult, now
 from server.logprobs import chat_logprobs
-from server.params import aliases_for, build_requests, check_common
-from server.prompts import chat_prompt, check_prompt_size, in_tokenizer_thread
-from server.routes.common import new_id, respond
+from server.routes.common import new_id, respond, start_chat
 from server.schemas import ChatCompletionRequest
-from server.structured import grammar_for
 from server.tool_stream import ToolCallStream
-from server.tools import call_style, parse_tool_calls, plan_tools, render_conversation
+from server.tools import parse_tool_calls
 
 router = APIRouter()
 
@@ -81,34 +77,7 @@ async def chat_completions(request: Request) -> Response:
     ctx = get_context(request)
     body = await parse_json_body(request, ChatCompletionRequest)
     engine = ctx.engine()
-    check_common(body, ctx.settings, ctx.model_names())
-    check_prompt_size(body, engine.context_length)
-    plan = plan_tools(body, engine.tokenizer)
-    conversation, tools = render_conversation(body.messages, plan, call_style(engine.tokenizer))
-    prompt = await in_tokenizer_thread(
-        chat_prompt, engine.tokenizer, body.messages, False, conversation, tools
-    )
-    grammar = plan.grammar() if plan is not None else None
-    options = body.mtplx
-    # The request's own constraint, validated whatever the tools say (never silently dropped).
-    own = grammar_for(
-        body.response_format,
-        options.regex if options else None,
-        options.grammar if options else None,
-    )
-    if own is not None and plan is not None:
-        if plan.choice != "auto":
-            field = "response_format" if own.param.startswith("response_format") else own.param
-            raise APIError(
-                400,
-                f"tool_choice {plan.choice!r} constrains the reply to tool calls: send no "
-                f"{field} with it",
-                param=field,
-                code="invalid_value",
-            )
-        grammar = None  # the request's own constraint shapes a reply that calls no tool
-    requests = build_requests(body, [prompt], engine, ctx.settings, grammar)
-    ticket = submit(ctx.scheduler, requests, aliases_for(body))
+    prompt, plan, ticket = await start_chat(ctx, body)
     model = ctx.model_id()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     chunks = ChatChunks(model, engine.token_text, body.logprobs, include_usage)
@@ -151,7 +120,7 @@ async def chat_completions(request: Request) -> Response:
         request,
         ctx,
         ticket,
-        num_choices=len(requests),
+        num_choices=body.n,
         prompt_tokens=len(prompt.token_ids),
         stream=body.stream,
         include_usage=include_usage,

@@ -35,23 +35,40 @@ from server.streaming import (
     sse_response,
     stream_events,
 )
+from server.tools import ToolPlan, call_style, plan_tools, render_conversation, reply_grammar
 
-__all__ = ["new_id", "respond", "start_chat"]
+__all__ = ["chat_prompt_for", "new_id", "respond", "start_chat"]
 
 BuildReply = Callable[[list[ChoiceResult], dict[str, int], dict[str, Any]], dict[str, Any]]
 
 
-async def start_chat(
+async def chat_prompt_for(
     ctx: AppContext, body: ChatCompletionRequest, *, continue_final: bool = False
-) -> tuple[Prompt, Ticket]:
-    """The chat path the Anthropic and Responses APIs share with chat completions: checks,
-    the chat template off the event loop, one GenerationRequest per choice, admission."""
+) -> tuple[Prompt, ToolPlan | None]:
+    """The prompt of a chat request and how it uses tools: the checks that need no
+    tokenizer, the tool plan, the conversation rendered for the chat template (tools in it),
+    tokenized off the event loop. count_tokens stops here; generation goes on in
+    ``start_chat``."""
     engine = ctx.engine()
     check_common(body, ctx.settings, ctx.model_names())
     check_prompt_size(body, engine.context_length)
-    prompt = await in_tokenizer_thread(chat_prompt, engine.tokenizer, body.messages, continue_final)
-    requests = build_requests(body, [prompt], engine, ctx.settings)
-    return prompt, submit(ctx.scheduler, requests, aliases_for(body))
+    plan = plan_tools(body, engine.tokenizer)
+    conversation, tools = render_conversation(body.messages, plan, call_style(engine.tokenizer))
+    prompt = await in_tokenizer_thread(
+        chat_prompt, engine.tokenizer, body.messages, continue_final, conversation, tools
+    )
+    return prompt, plan
+
+
+async def start_chat(
+    ctx: AppContext, body: ChatCompletionRequest, *, continue_final: bool = False
+) -> tuple[Prompt, ToolPlan | None, Ticket]:
+    """The chat path every chat-shaped API shares (chat completions, Anthropic Messages,
+    Responses): the prompt and tool plan, one GenerationRequest per choice constrained by
+    the tool plan or the request's own grammar, admission."""
+    prompt, plan = await chat_prompt_for(ctx, body, continue_final=continue_final)
+    requests = build_requests(body, [prompt], ctx.engine(), ctx.settings, reply_grammar(body, plan))
+    return prompt, plan, submit(ctx.scheduler, requests, aliases_for(body))
 
 
 def new_id(prefix: str) -> str:

@@ -1,4 +1,4 @@
-"""POST /v1/responses: the OpenAI Responses API, text only and stateless."""
+"""POST /v1/responses: the OpenAI Responses API, stateless, with function tools."""
 
 from __future__ import annotations
 
@@ -12,14 +12,10 @@ from server.body import parse_json_body
 from server.context import get_context
 from server.errors import APIError
 from server.generation import ChoiceResult
-from server.responses_api import (
-    ResponseBuilder,
-    ResponsesEvents,
-    ResponsesRequest,
-    renamed_for_responses,
-    to_chat_request,
-)
+from server.responses_api import ResponsesRequest, renamed_for_responses, to_chat_request
+from server.responses_output import ResponseBuilder, ResponsesEvents
 from server.routes.common import respond, start_chat
+from server.tools import split_reply
 
 router = APIRouter()
 
@@ -27,13 +23,13 @@ router = APIRouter()
 @router.post("/v1/responses")
 async def responses(request: Request) -> Response:
     """A model response to ``input`` (and ``instructions``), streamed as typed events or
-    returned whole."""
+    returned whole; with ``tools``, its function calls as ``function_call`` items."""
     ctx = get_context(request)
     body = await parse_json_body(request, ResponsesRequest)
     ctx.engine()  # 503 while the model loads, before any other check
     chat = to_chat_request(body)
     try:
-        prompt, ticket = await start_chat(ctx, chat)
+        prompt, plan, ticket = await start_chat(ctx, chat)
     except APIError as exc:  # the chat path names chat fields: say this API's names
         raise renamed_for_responses(exc) from exc
     builder = ResponseBuilder(body, ctx.model_id())
@@ -42,7 +38,7 @@ async def responses(request: Request) -> Response:
         results: list[ChoiceResult], usage: dict[str, Any], mtplx: dict[str, Any]
     ) -> dict[str, Any]:
         result = results[0]
-        return builder.final(result.text, result.finish_reason, usage, mtplx)
+        return builder.final(split_reply(result.text, plan), result.finish_reason, usage, mtplx)
 
     return await respond(
         request,
@@ -52,5 +48,5 @@ async def responses(request: Request) -> Response:
         prompt_tokens=len(prompt.token_ids),
         stream=body.stream,
         build_reply=build_reply,
-        events=ResponsesEvents(builder),
+        events=ResponsesEvents(builder, plan),
     )

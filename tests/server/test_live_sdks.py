@@ -5,6 +5,7 @@ conversation: every API is the same chat generation path."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,21 @@ SYSTEM = "You are terse."
 PROMPT = "Tell me a story."
 # Recent anthropic SDKs have no temperature argument; the field still goes in the body.
 GREEDY = {"extra_body": {"temperature": 0}}
+UNIT_SCHEMA = {
+    "type": "object",
+    "properties": {"unit": {"enum": ["c", "f"]}},
+    "required": ["unit"],
+    "additionalProperties": False,
+}
+UNIT_TOOL = {"name": "set_unit", "description": "Choose the unit.", "input_schema": UNIT_SCHEMA}
+UNIT_FUNCTION = {
+    "type": "function",
+    "name": "set_unit",
+    "description": "Choose the unit.",
+    "parameters": UNIT_SCHEMA,
+    "strict": True,
+}
+PICK = {"role": "user", "content": "Pick a unit."}
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +130,10 @@ def test_anthropic_errors_reach_the_sdk(claude, base_url):
             model=MODEL,
             messages=[{"role": "user", "content": "x"}],
             max_tokens=5,
-            tools=[{"name": "f", "input_schema": {"type": "object"}}],
+            tools=[{"type": "bash_20250124", "name": "bash"}],
         )
     assert info.value.body["error"]["type"] == "invalid_request_error"
-    assert "tool" in info.value.body["error"]["message"]
+    assert "'bash_20250124' is not supported" in info.value.body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.create(
             model="claude-x", messages=[{"role": "user", "content": "x"}], max_tokens=5
@@ -196,3 +212,110 @@ def test_models_with_a_trailing_slash_and_the_open_page(base_url):
     assert (
         page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
     )
+
+
+def test_messages_tool_round_trip(claude):
+    message = claude.messages.create(
+        model=MODEL,
+        max_tokens=64,
+        messages=[PICK],
+        tools=[UNIT_TOOL],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        **GREEDY,
+    )
+    assert message.stop_reason == "tool_use" and message.stop_sequence is None
+    [use] = message.content  # no text before the call: no text block
+    assert isinstance(use, anthropic.types.ToolUseBlock)
+    assert use.id.startswith("toolu_") and use.name == "set_unit"
+    assert set(use.input) == {"unit"} and use.input["unit"] in ("c", "f")
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "unit set"}
+    history = [PICK, {"role": "assistant", "content": message.content}]
+    history.append({"role": "user", "content": [result]})
+    final = claude.messages.create(
+        model=MODEL, max_tokens=16, messages=history, tools=[UNIT_TOOL], **GREEDY
+    )
+    # tool_choice auto: the greedy tiny model answers in text.
+    assert [block.type for block in final.content] == ["text"] and final.content[0].text
+    assert final.stop_reason in ("end_turn", "max_tokens")
+    counted = claude.messages.count_tokens(model=MODEL, messages=history, tools=[UNIT_TOOL])
+    bare = claude.messages.count_tokens(model=MODEL, messages=history)
+    assert counted.input_tokens > bare.input_tokens > 0
+
+
+def test_messages_stream_tool_use(claude):
+    args = {
+        "model": MODEL,
+        "max_tokens": 64,
+        "messages": [PICK],
+        "tools": [UNIT_TOOL],
+        "tool_choice": {"type": "tool", "name": "set_unit", "disable_parallel_tool_use": True},
+        **GREEDY,
+    }
+    whole = claude.messages.create(**args)
+    with claude.messages.stream(**args) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    partial = "".join(event.partial_json for event in events if event.type == "input_json")
+    [use] = final.content
+    assert use.type == "tool_use" and use.name == "set_unit"
+    # The SDK rebuilt the input from the input_json_delta events.
+    assert use.input == json.loads(partial) == whole.content[0].input
+    assert use.input["unit"] in ("c", "f")
+    assert final.stop_reason == "tool_use"
+    stops = [event.type for event in events if event.type == "content_block_stop"]
+    assert len(stops) == 1
+
+
+def test_responses_function_call_round_trip(oai):
+    response = oai.responses.create(
+        model=MODEL,
+        input="Pick a unit.",
+        tools=[UNIT_FUNCTION],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=64,
+        temperature=0,
+    )
+    assert response.status == "completed"
+    [call] = response.output
+    assert call.type == "function_call" and call.status == "completed"
+    assert call.id.startswith("fc_") and call.call_id.startswith("call_")
+    assert call.name == "set_unit" and json.loads(call.arguments)["unit"] in ("c", "f")
+    assert response.tool_choice == "required" and response.tools[0].name == "set_unit"
+    assert response.parallel_tool_calls is False
+    follow_up = oai.responses.create(
+        model=MODEL,
+        input=[
+            PICK,
+            *response.output,
+            {"type": "function_call_output", "call_id": call.call_id, "output": "unit set"},
+        ],
+        tools=[UNIT_FUNCTION],
+        max_output_tokens=16,
+        temperature=0,
+    )
+    # tool_choice auto: the greedy tiny model answers in text.
+    assert [item.type for item in follow_up.output] == ["message"] and follow_up.output_text
+
+
+def test_responses_stream_function_call_arguments(oai):
+    args = {
+        "model": MODEL,
+        "input": "Pick a unit.",
+        "tools": [UNIT_FUNCTION],
+        "tool_choice": {"type": "function", "name": "set_unit"},
+        "parallel_tool_calls": False,
+        "max_output_tokens": 64,
+        "temperature": 0,
+    }
+    whole = oai.responses.create(**args)
+    with oai.responses.stream(**args) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    [call] = final.output
+    assert deltas and "".join(e.delta for e in deltas) == call.arguments
+    assert call.arguments == whole.output[0].arguments
+    assert call.parsed_arguments == json.loads(call.arguments)  # strict: the SDK parsed it
+    assert {e.output_index for e in deltas} == {0} and deltas[0].item_id == call.id
+    assert [e.sequence_number for e in events] == list(range(len(events)))

@@ -18,6 +18,7 @@ MESSAGES = "/v1/messages"
 COUNT = "/v1/messages/count_tokens"
 USER = [{"role": "user", "content": "x"}]
 INVALID = "invalid_request_error"
+F_TOOL = {"name": "f", "input_schema": {"type": "object"}}
 
 
 def body(content: Any = "hi", **extra: Any) -> dict[str, Any]:
@@ -192,8 +193,39 @@ CASES = {
     "unknown-field": (body(unknown_field=1), 400, INVALID, "unknown_field"),
     "no-messages": ({**body(), "messages": []}, 400, INVALID, "messages"),
     "system-role": (body(messages=[{"role": "system", "content": "x"}]), 400, INVALID, "role"),
-    "tools": (body(tools=[{"name": "f", "input_schema": {}}]), 400, INVALID, "tool"),
-    "tool-choice": (body(tool_choice={"type": "auto"}), 400, INVALID, "tool"),
+    "tool-schema-not-object": (
+        body(tools=[{"name": "f", "input_schema": {}}]),
+        400,
+        INVALID,
+        "tools[0].input_schema",
+    ),
+    "tool-no-schema": (body(tools=[{"name": "f"}]), 400, INVALID, "tools[0].input_schema"),
+    "tool-bad-name": (
+        body(tools=[{"name": "a b", "input_schema": {"type": "object"}}]),
+        400,
+        INVALID,
+        "tools[0].name",
+    ),
+    "server-tool": (
+        body(tools=[{"type": "web_search_20250305", "name": "web_search", "max_uses": 2}]),
+        400,
+        INVALID,
+        "'web_search_20250305' is not supported",
+    ),
+    "tool-choice-any-without-tools": (body(tool_choice={"type": "any"}), 400, INVALID, "tools"),
+    "tool-choice-unknown-type": (body(tool_choice={"type": "all"}), 400, INVALID, "tool_choice"),
+    "tool-choice-tool-without-name": (
+        body(tools=[F_TOOL], tool_choice={"type": "tool"}),
+        400,
+        INVALID,
+        "tool_choice.name",
+    ),
+    "tool-choice-unknown-tool": (
+        body(tools=[F_TOOL], tool_choice={"type": "tool", "name": "g"}),
+        400,
+        INVALID,
+        "'g'",
+    ),
     "thinking": (
         body(thinking={"type": "enabled", "budget_tokens": 1024}),
         400,
@@ -201,7 +233,18 @@ CASES = {
         "thinking",
     ),
     "image-block": (body([{"type": "image", "source": {}}]), 400, INVALID, "image"),
-    "tool-result": (body([{"type": "tool_result", "tool_use_id": "t"}]), 400, INVALID, "tool"),
+    "tool-result-without-use": (
+        body([{"type": "tool_result", "tool_use_id": "t"}]),
+        400,
+        INVALID,
+        "unexpected tool_use_id 't'",
+    ),
+    "tool-use-in-user-turn": (
+        body([{"type": "tool_use", "id": "t", "name": "f", "input": {}}]),
+        400,
+        INVALID,
+        "tool_use blocks belong in assistant turns",
+    ),
     "max-tokens-over-limit": (body(max_tokens=10_000), 400, INVALID, "max_tokens"),
     "unavailable-drafter": (body(mtplx={"drafter": "draft_model"}), 400, INVALID, "drafter"),
 }
@@ -317,3 +360,135 @@ def test_usage_counts_prefix_cache_reads_as_anthropic_does():
         "cache_read_input_tokens": 64,
         "output_tokens": 7,
     }
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+TOOL_HISTORY = [
+    {"role": "user", "content": "Weather?"},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}},
+        ],
+    },
+    {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_1",
+                "content": [{"type": "text", "text": "sunny"}],
+            },
+            {"type": "text", "text": "Thanks."},
+        ],
+    },
+]
+
+
+@pytest.mark.parametrize(
+    ("choice", "chat_choice", "parallel"),
+    [
+        ({"type": "auto"}, "auto", None),
+        ({"type": "any", "disable_parallel_tool_use": True}, "required", False),
+        (
+            {"type": "tool", "name": "get_weather"},
+            {"type": "function", "function": {"name": "get_weather"}},
+            None,
+        ),
+        ({"type": "none"}, "none", None),
+    ],
+    ids=["auto", "any", "tool", "none"],
+)
+def test_tools_and_tool_choice_map_onto_chat(choice, chat_choice, parallel):
+    from server.anthropic_api import MessagesRequest, to_chat_request
+
+    chat = to_chat_request(
+        MessagesRequest.model_validate(body(tools=[WEATHER], tool_choice=choice))
+    )
+    [tool] = chat.tools
+    assert tool.function.name == "get_weather"
+    assert tool.function.parameters == WEATHER["input_schema"]
+    assert tool.function.description == WEATHER["description"]
+    got = chat.tool_choice if isinstance(chat.tool_choice, str) else chat.tool_choice.model_dump()
+    assert got == chat_choice
+    assert chat.parallel_tool_calls is parallel
+
+
+def test_tool_blocks_become_chat_tool_calls_and_tool_messages():
+    from server.anthropic_api import MessagesRequest, to_chat_request
+
+    history = [*TOOL_HISTORY]
+    history[2] = {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "boom", "is_error": True}
+        ],
+    }
+    chat = to_chat_request(MessagesRequest.model_validate(body(messages=history)))
+    roles = [m.role for m in chat.messages]
+    assert roles == ["user", "assistant", "tool"]
+    [call] = chat.messages[1].tool_calls
+    assert call.id == "toolu_1" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo"}
+    assert chat.messages[1].content == "Checking."
+    assert chat.messages[2].tool_call_id == "toolu_1" and chat.messages[2].content == "Error: boom"
+
+
+async def test_tool_history_and_definitions_reach_the_prompt_and_count_tokens(client, engine):
+    request = body(
+        system="Be brief.",
+        messages=TOOL_HISTORY,
+        tools=[WEATHER],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+    )
+    r = await client.post(MESSAGES, json=request)
+    assert r.status_code == 200, r.text
+    prompt = prompt_text(engine)
+    # The default-style template knows no tools: definitions and the call format in the
+    # system prompt, the call as its JSON, the result as a user turn.
+    system, rest = prompt.split("\n\nBe brief.\n", 1)
+    assert '"name": "get_weather"' in system and "You must call one or more" in system
+    assert rest == (
+        '<|user|>Weather?\n<|assistant|>Checking.\n{"tool_calls": [{"name": "get_weather", '
+        '"arguments": {"city": "Oslo"}}]}\n<|user|>Result of the call to get_weather: sunny\n'
+        "<|user|>Thanks.\n<|assistant|>"
+    )
+    assert engine.requests[-1].grammar is not None  # "any": constrained to a call
+    # The fake engine's words are no call: the reply is text.
+    assert r.json()["content"][0]["type"] == "text"
+    counted = {k: v for k, v in request.items() if k != "max_tokens"}
+    count = (await client.post(COUNT, json=counted)).json()["input_tokens"]
+    assert count == r.json()["usage"]["input_tokens"]
+    without = {k: v for k, v in counted.items() if k not in ("tools", "tool_choice")}
+    assert (await client.post(COUNT, json=without)).json()["input_tokens"] < count
+
+
+async def test_tool_errors_in_the_history(client):
+    last_use = body(messages=[*TOOL_HISTORY[:2]])
+    message = assert_anthropic_error(await client.post(MESSAGES, json=last_use), 400, INVALID)
+    assert "last assistant turn cannot hold tool_use" in message
+    bad_input = [
+        TOOL_HISTORY[0],
+        {**TOOL_HISTORY[1], "content": [{"type": "tool_use", "id": "t", "name": "f", "input": 3}]},
+    ]
+    message = assert_anthropic_error(
+        await client.post(MESSAGES, json=body(messages=bad_input)), 400, INVALID
+    )
+    assert "messages[1].content[0].input" in message
+    image = [
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_1",
+            "content": [{"type": "image", "source": {}}],
+        }
+    ]
+    history = [*TOOL_HISTORY[:2], {"role": "user", "content": image}]
+    message = assert_anthropic_error(
+        await client.post(MESSAGES, json=body(messages=history)), 400, INVALID
+    )
+    assert "messages[2].content[0].content[0]" in message and "image" in message

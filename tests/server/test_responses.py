@@ -14,6 +14,8 @@ from tests.server.helpers import MODEL, named_events
 pytestmark = pytest.mark.anyio
 
 RESPONSES = "/v1/responses"
+F_TOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+OUTPUT = {"type": "function_call_output", "output": "x"}
 
 STREAM_ORDER = [
     "response.created",
@@ -147,14 +149,21 @@ async def test_failure_mid_stream(client):
     ("request_body", "status", "param"),
     [
         (body(previous_response_id="resp_123"), 400, "previous_response_id"),
-        (body(tools=[{"type": "function", "name": "f"}]), 400, "tools"),
+        (body(tools=[{"type": "web_search_preview"}]), 400, "tools[0].type"),
+        (body(tools=[{"type": "function"}]), 400, "tools[0].name"),
+        (body(tools=[{**F_TOOL, "parameters": 3}]), 400, "tools[0].parameters"),
         (body(tool_choice="required"), 400, "tool_choice"),
+        (body(tools=[F_TOOL], tool_choice={"type": "file_search"}), 400, "tool_choice"),
+        (body(tools=[F_TOOL], tool_choice={"type": "function", "name": "g"}), 400, "tool_choice"),
         (body(reasoning={"effort": "high"}), 400, "reasoning"),
         (body(background=True), 400, "background"),
         (body(include=["message.output_text.logprobs"]), 400, "include"),
         (body(text={"format": {"type": "json_object"}}), 400, "text.format"),
         (body(truncation="auto"), 400, "truncation"),
-        (body([{"type": "function_call_output", "call_id": "c"}]), 400, "input[0].type"),
+        (body([{"type": "function_call_output", "call_id": "c"}]), 400, "input[0].output"),
+        (body([{**OUTPUT, "call_id": "c"}]), 400, "input[0].call_id"),
+        (body([{"type": "function_call", "call_id": "c", "name": "f"}]), 400, "input[0].arguments"),
+        (body([{"type": "reasoning", "summary": []}]), 400, "input[0].type"),
         (body([{"role": "user", "content": [{"type": "input_file"}]}]), 400, "input[0].content[0]"),
         (body([{"role": "tool", "content": "x"}]), 400, "input[0].role"),
         (body([]), 400, "input"),
@@ -165,8 +174,11 @@ async def test_failure_mid_stream(client):
         ({"model": MODEL}, 400, "input"),
     ],
     ids=[
-        "previous-response-id", "tools", "tool-choice", "reasoning", "background", "include",
-        "json-format", "truncation-auto", "function-call-output", "input-image", "tool-role",
+        "previous-response-id", "built-in-tool", "tool-without-name", "tool-parameters",
+        "tool-choice-without-tools", "tool-choice-built-in", "tool-choice-unknown-function",
+        "reasoning", "background", "include", "json-format", "truncation-auto",
+        "function-call-output-without-output", "function-call-output-without-call",
+        "function-call-without-arguments", "reasoning-item", "input-image", "tool-role",
         "empty-input", "max-output-tokens", "temperature", "unknown-model", "unknown-field",
         "missing-input",
     ],
@@ -180,7 +192,8 @@ async def test_bad_requests(client, request_body, status, param):
 
 
 def test_usage_reports_cached_prompt_tokens():
-    from server.responses_api import ResponseBuilder, ResponsesRequest
+    from server.responses_api import ResponsesRequest
+    from server.responses_output import ResponseBuilder
 
     builder = ResponseBuilder(ResponsesRequest(model=MODEL, input="x"), MODEL)
     usage = {
@@ -189,6 +202,66 @@ def test_usage_reports_cached_prompt_tokens():
         "total_tokens": 107,
         "prompt_tokens_details": {"cached_tokens": 64},
     }
-    reply = builder.final("text", "stop", usage, {})
+    reply = builder.final(("text", []), "stop", usage, {})
     assert reply["usage"]["input_tokens"] == 100 and reply["usage"]["total_tokens"] == 107
     assert reply["usage"]["input_tokens_details"] == {"cached_tokens": 64}
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    "strict": True,
+}
+CALL_ITEMS = [
+    {"role": "user", "content": "Weather?"},
+    {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "Checking.", "annotations": []}],
+    },
+    {
+        "type": "function_call",
+        "id": "fc_1",
+        "call_id": "call_1",
+        "name": "get_weather",
+        "arguments": '{"city": "Oslo"}',
+        "status": "completed",
+    },
+    {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+]
+
+
+async def test_function_items_reach_the_prompt_and_tools_are_echoed(client, engine):
+    request = body(
+        CALL_ITEMS,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        parallel_tool_calls=False,
+        max_tool_calls=3,
+    )
+    r = await client.post(RESPONSES, json=request)
+    assert r.status_code == 200, r.text
+    prompt = prompt_text(engine)
+    # The fake template knows no tools: the generic format, the call merged into the
+    # assistant message before it, its output as a user turn.
+    assert "You must call the function get_weather." in prompt
+    assert prompt.endswith(
+        '<|user|>Weather?\n<|assistant|>Checking.\n{"tool_calls": [{"name": "get_weather", '
+        '"arguments": {"city": "Oslo"}}]}\n<|user|>Result of the call to get_weather: sunny\n'
+        "<|assistant|>"
+    )
+    assert engine.requests[-1].grammar is not None  # a named function: constrained
+    reply = r.json()
+    assert reply["tools"] == [WEATHER] and reply["parallel_tool_calls"] is False
+    assert reply["tool_choice"] == {"type": "function", "name": "get_weather"}
+    assert reply["max_tool_calls"] == 3
+    # The fake engine's words are no call: the output is the message.
+    assert [item["type"] for item in reply["output"]] == ["message"]
+
+
+async def test_auto_tool_choice_without_tools_is_the_default(client):
+    r = await client.post(RESPONSES, json=body(tool_choice="auto", tools=[]))
+    assert r.status_code == 200, r.text
+    assert r.json()["tool_choice"] == "auto" and r.json()["tools"] == []

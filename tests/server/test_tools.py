@@ -191,3 +191,28 @@ def test_stream_of_plain_text_is_content() -> None:
         == "Hello <b>world"
     )
     assert tail[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_held_text_settles_the_unsent_text_before_calls() -> None:
+    from server.tool_stream import HeldText
+
+    held = HeldText()
+    # Leading whitespace goes out with the first text; the content parse strips it, and
+    # the rest before the call must still be sent once, not shifted by the whitespace.
+    sent = held.add("  Sure") + held.add("thing ") + held.add("<tool_ca")
+    sent += held.add('ll>{"name": "get_weather", "arguments": {}}</tool_call>')
+    unsent, calls = held.settle(plan(HERMES))
+    assert sent == "  Surething " and unsent == ""
+    assert len(calls) == 1 and calls[0]["function"]["name"] == "get_weather"
+    plain = HeldText()
+    assert plain.add("Hello") == "Hello" and plain.settle(plan()) == ("", [])
+
+
+def test_split_reply() -> None:
+    from server.tools import split_reply
+
+    call = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}'
+    assert split_reply("Hi", plan()) == ("Hi", [])
+    assert split_reply(call, None) == (call, [])
+    text, [parsed] = split_reply(call, plan())
+    assert text == "" and json.loads(parsed["function"]["arguments"]) == {"city": "Oslo"}

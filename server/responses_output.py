@@ -1,0 +1,271 @@
+"""What the Responses API sends back: the ``response`` object at each stage (echoing the
+request's settings) and the typed stream events, each with ``sequence_number``; for replies
+with and without function calls."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from mtplx.request import FinishEvent, TokenEvent
+from server.errors import APIError
+from server.responses_api import ResponsesRequest
+from server.streaming import SSE, data_event
+from server.tool_stream import HeldText
+from server.tools import ToolPlan
+
+__all__ = ["ResponseBuilder", "ResponsesEvents"]
+
+Calls = list[dict[str, Any]]
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "input_tokens": usage["prompt_tokens"],
+        "input_tokens_details": {
+            "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+        },
+        "output_tokens": usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": usage["total_tokens"],
+    }
+
+
+def reply_status(finish_reason: str | None, calls: Calls) -> str:
+    """ "incomplete" when max_output_tokens cut a reply that calls nothing, else
+    "completed"."""
+    return "incomplete" if finish_reason == "length" and not calls else "completed"
+
+
+class ResponseBuilder:
+    """The ``response`` object at each stage, echoing the request's settings."""
+
+    def __init__(self, body: ResponsesRequest, model: str) -> None:
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.item_id = f"msg_{uuid.uuid4().hex}"
+        self.created_at = int(time.time())
+        self.body = body
+        self.model = model
+
+    def item(self, text: str | None, status: str) -> dict[str, Any]:
+        """The assistant message item; ``text`` None: no content part yet."""
+        content = [] if text is None else [self.part(text)]
+        return {
+            "id": self.item_id,
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": content,
+        }
+
+    @staticmethod
+    def part(text: str) -> dict[str, Any]:
+        """An ``output_text`` content part."""
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    @staticmethod
+    def call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+        """A ``function_call`` item from a parsed call (OpenAI chat's shape, as
+        ``server.tools.parse_tool_calls`` makes them): ``call_id`` is the call's id, the
+        item's id the same with ``fc_``; ``arguments`` stay empty while in progress (the
+        stream's deltas fill them)."""
+        return {
+            "id": "fc_" + call["id"].removeprefix("call_"),
+            "type": "function_call",
+            "status": status,
+            "call_id": call["id"],
+            "name": call["function"]["name"],
+            "arguments": call["function"]["arguments"] if status == "completed" else "",
+        }
+
+    def output(self, text: str, calls: Calls, status: str) -> list[dict[str, Any]]:
+        """The output items: the message (unless it is empty and there are calls), then a
+        ``function_call`` item per call."""
+        items = [self.item(text, status)] if text or not calls else []
+        return items + [self.call_item(call) for call in calls]
+
+    def response(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None = None,
+        mtplx: dict[str, Any] | None = None,
+        error: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """The whole object; ``incomplete_details`` when status is "incomplete"."""
+        body = self.body
+        reply: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": error,
+            "incomplete_details": (
+                {"reason": "max_output_tokens"} if status == "incomplete" else None
+            ),
+            "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens,
+            "max_tool_calls": body.max_tool_calls,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": (
+                True if body.parallel_tool_calls is None else body.parallel_tool_calls
+            ),
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": False,  # nothing is kept, whatever the request asked
+            "temperature": 1.0 if body.temperature is None else body.temperature,
+            "text": {"format": {"type": "text"}},
+            "tool_choice": "auto" if body.tool_choice is None else body.tool_choice,
+            "tools": body.tools or [],
+            "top_p": 1.0 if body.top_p is None else body.top_p,
+            "truncation": "disabled",
+            "usage": None if usage is None else _usage(usage),
+            "user": body.user,
+            "metadata": body.metadata or {},
+        }
+        if status in ("completed", "incomplete"):
+            reply["completed_at"] = int(time.time())
+        if mtplx is not None:
+            reply["mtplx"] = mtplx
+        return reply
+
+    def final(
+        self,
+        reply: tuple[str, Calls],
+        finish_reason: str | None,
+        usage: dict[str, Any],
+        mtplx: dict[str, Any],
+    ) -> dict[str, Any]:
+        """The finished response from ``reply`` (text, calls): "incomplete" when
+        max_output_tokens cut it."""
+        text, calls = reply
+        status = reply_status(finish_reason, calls)
+        return self.response(status, self.output(text, calls, status), usage, mtplx)
+
+
+class ResponsesEvents:
+    """The typed stream: ``response.created``, ``response.in_progress``, the message item
+    (``response.output_item.added``, ``response.content_part.added``, one
+    ``response.output_text.delta`` per piece, ``response.output_text.done``,
+    ``response.content_part.done``, ``response.output_item.done``), a ``function_call`` item
+    per call (``response.output_item.added`` with empty arguments,
+    ``response.function_call_arguments.delta``, ``response.function_call_arguments.done``,
+    ``response.output_item.done``), then ``response.completed`` (``response.incomplete`` when
+    max_output_tokens cut it, as OpenAI sends). A failure after the start is an ``error``
+    event and ``response.failed``.
+
+    Without tools the message item opens at once. With tools (``plan``) text is held back
+    while it may be a call (``HeldText``): the message item opens with the first text that
+    goes out, or at the end when the reply calls nothing, so a reply that only calls
+    functions has no message item, as in the whole response."""
+
+    def __init__(self, builder: ResponseBuilder, plan: ToolPlan | None = None) -> None:
+        self.builder = builder
+        self.plan = plan
+        self.held = HeldText() if plan is not None else None
+        self.sequence = 0
+        self.text = ""
+        self.message_open = False
+        self.items = 0  # output items added so far
+        self.output: list[dict[str, Any]] = []
+        self.status = "completed"
+
+    def _event(self, kind: str, **fields: Any) -> SSE:
+        event = data_event({"type": kind, "sequence_number": self.sequence, **fields}, kind)
+        self.sequence += 1
+        return event
+
+    def _at(self) -> dict[str, Any]:
+        return {"item_id": self.builder.item_id, "output_index": 0, "content_index": 0}
+
+    def _open_message(self) -> list[SSE]:
+        self.message_open = True
+        self.items += 1
+        b = self.builder
+        return [
+            self._event(
+                "response.output_item.added", output_index=0, item=b.item(None, "in_progress")
+            ),
+            self._event("response.content_part.added", **self._at(), part=b.part("")),
+        ]
+
+    def opening(self, index: int) -> list[SSE]:
+        b = self.builder
+        events = [
+            self._event("response.created", response=b.response("in_progress", [])),
+            self._event("response.in_progress", response=b.response("in_progress", [])),
+        ]
+        return events + (self._open_message() if self.plan is None else [])
+
+    def _delta(self, text: str) -> list[SSE]:
+        """A text delta, opening the message item first if it is not open."""
+        if not text:
+            return []
+        events = [] if self.message_open else self._open_message()
+        self.text += text
+        delta = self._event("response.output_text.delta", **self._at(), delta=text, logprobs=[])
+        return [*events, delta]
+
+    def token(self, index: int, event: TokenEvent) -> list[SSE]:
+        return self._delta(event.text if self.held is None else self.held.add(event.text))
+
+    def _close_message(self) -> list[SSE]:
+        b = self.builder
+        item = b.item(self.text, self.status)
+        self.output.append(item)
+        return [
+            self._event("response.output_text.done", **self._at(), text=self.text, logprobs=[]),
+            self._event("response.content_part.done", **self._at(), part=b.part(self.text)),
+            self._event("response.output_item.done", output_index=0, item=item),
+        ]
+
+    def _call(self, call: dict[str, Any]) -> list[SSE]:
+        """One call's item: added with empty arguments, which one delta fills."""
+        b = self.builder
+        index = self.items
+        self.items += 1
+        item = b.call_item(call)
+        self.output.append(item)
+        at = {"item_id": item["id"], "output_index": index}
+        arguments = item["arguments"]
+        return [
+            self._event(
+                "response.output_item.added",
+                output_index=index,
+                item=b.call_item(call, "in_progress"),
+            ),
+            self._event("response.function_call_arguments.delta", **at, delta=arguments),
+            self._event("response.function_call_arguments.done", **at, arguments=arguments),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def finish(self, index: int, event: FinishEvent) -> list[SSE]:
+        if self.held is None or self.plan is None:
+            rest, calls = event.text, []
+        else:
+            self.held.add(event.text)
+            rest, calls = self.held.settle(self.plan)
+        self.status = reply_status(event.finish_reason, calls)
+        events = self._delta(rest)
+        if not calls and not self.message_open:  # a reply without calls has its message
+            events += self._open_message()
+        if self.message_open:
+            events += self._close_message()
+        for call in calls:
+            events += self._call(call)
+        return events
+
+    def closing(self, usage: dict[str, Any], mtplx: dict[str, Any]) -> list[SSE]:
+        final = self.builder.response(self.status, self.output, usage, mtplx)
+        kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        return [self._event(kind, response=final)]
+
+    def failure(self, error: APIError) -> list[SSE]:
+        code = error.code or "server_error"
+        failed = self.builder.response("failed", [], error={"code": code, "message": error.message})
+        return [
+            self._event("error", code=code, message=error.message, param=error.param),
+            self._event("response.failed", response=failed),
+        ]
