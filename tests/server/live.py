@@ -53,8 +53,13 @@ def live_process(
         *launcher,
         *(sys.executable, "-m", "mtplx", "serve", str(checkpoint), "--port", str(port), *args),
     ]
+    # mlx.launch polls its stdin to forward it to the ranks: at EOF (/dev/null) that loop
+    # spins a core, so a launcher gets an open pipe nobody writes to.
+    stdin = subprocess.PIPE if launcher else None
     with log.open("w") as output:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdin=stdin, stdout=output, stderr=output
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_seconds
