@@ -37,10 +37,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import mlx.core as mx
 
@@ -366,9 +369,33 @@ class Pipeline:
         (the server should exit non-zero)."""
         return self._target is None or self._target.close()
 
+    def exit_lost(self) -> NoReturn:
+        """Rank 0 after a lost rank: exit with status 1 now (the engine thread may be blocked
+        in a receive that never returns). ``mlx.launch`` exits 0 whatever its ranks did, and
+        waits forever on a stopped rank: a local one is terminated as well, so whoever
+        started it sees the failure (status 143)."""
+        launcher = _launcher_pid()
+        if launcher is not None:
+            logger.error("terminating mlx.launch (pid %d): the pipeline was lost", launcher)
+            with contextlib.suppress(OSError):
+                os.kill(launcher, signal.SIGTERM)
+        os._exit(1)
+
     def _lost(self, failure: PipelineLost) -> None:
         if self.on_failure is not None:
             self.on_failure(failure)
-        # The engine thread may be blocked in a receive that never returns: leave at once
-        # after the grace, without waiting for it.
-        threading.Timer(EXIT_GRACE_SECONDS, os._exit, (1,)).start()
+        threading.Timer(EXIT_GRACE_SECONDS, self.exit_lost).start()
+
+
+def _launcher_pid() -> int | None:
+    """The parent process when it is ``mlx.launch`` (a rank it started on this host)."""
+    parent = os.getppid()
+    try:
+        command = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:  # no /proc (macOS)
+        result = subprocess.run(
+            ["ps", "-o", "args=", "-p", str(parent)], capture_output=True, text=True, check=False
+        )
+        command = result.stdout
+    launcher = "mlx.launch" in command or "mlx._distributed_utils.launch" in command
+    return parent if launcher and parent > 1 else None

@@ -354,7 +354,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     if pipeline is not None and not pipeline.close():
         print(f"mtplx serve: {pipeline.failure}", file=sys.stderr)
-        return 1
+        pipeline.exit_lost()
     if error is not None:
         print(f"mtplx serve: the model failed to load: {error}", file=sys.stderr)
         return 1
