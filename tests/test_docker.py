@@ -187,6 +187,11 @@ def test_replicas_compose_runs_two_replicas_of_the_image_behind_the_balancer():
         assert replica["environment"]["MTPLX_API_KEY"] is None
         assert replica["read_only"] is True and "/tmp:exec" in replica["tmpfs"]
         assert "ports" not in replica  # only the balancer is published
+        # The start-up calibration survives restarts: a volume on the directory the image
+        # makes writable for its user (the root stays read-only).
+        assert "calibration:/opt/mtplx/home/calibration" in replica["volumes"]
+    assert "calibration" in compose["volumes"]
+    assert 'install -d -o mtplx -g mtplx "$MTPLX_HOME/calibration"' in " ".join(dockerfile_lines())
     balancer = services["balancer"]
     assert balancer["build"]["dockerfile"] == "balancer.Dockerfile"
     assert balancer["build"]["args"]["BASE_IMAGE"] == single["build"]["args"]["BASE_IMAGE"]
