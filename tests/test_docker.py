@@ -166,3 +166,79 @@ def test_make_test_docker_is_separate_and_needs_only_the_standard_library():
 def test_shell_scripts_parse(script):
     done = subprocess.run(["sh", "-n", str(DOCKER / script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def _balancer_dockerfile() -> list[str]:
+    text = (DOCKER / "balancer.Dockerfile").read_text()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = "\n".join(lines).replace("\\\n", " ")
+    return [" ".join(line.split()) for line in joined.splitlines() if line.strip()]
+
+
+def test_replicas_compose_runs_two_replicas_of_the_image_behind_the_balancer():
+    compose = yaml.safe_load((DOCKER / "compose.replicas.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"replica1", "replica2", "balancer"}
+    single = yaml.safe_load((DOCKER / "compose.yaml").read_text())["services"]["mtplx"]
+    for name in ("replica1", "replica2"):
+        replica = services[name]
+        # The same image, settings and hardening as the single-server compose file.
+        assert replica["build"] == single["build"]
+        assert replica["environment"]["MTPLX_API_KEY"] is None
+        assert replica["read_only"] is True and "/tmp:exec" in replica["tmpfs"]
+        assert "ports" not in replica  # only the balancer is published
+        # The start-up calibration survives restarts: a volume on the directory the image
+        # makes writable for its user (the root stays read-only).
+        assert "calibration:/opt/mtplx/home/calibration" in replica["volumes"]
+    assert "calibration" in compose["volumes"]
+    assert 'install -d -o mtplx -g mtplx "$MTPLX_HOME/calibration"' in " ".join(dockerfile_lines())
+    balancer = services["balancer"]
+    assert balancer["build"]["dockerfile"] == "balancer.Dockerfile"
+    assert balancer["build"]["args"]["BASE_IMAGE"] == single["build"]["args"]["BASE_IMAGE"]
+    assert (DOCKER / balancer["build"]["context"] / "balancer.Dockerfile").is_file()
+    assert set(balancer["depends_on"]) == {"replica1", "replica2"}
+    assert balancer["ports"] and all(port.startswith("127.0.0.1:") for port in balancer["ports"])
+    # The replicas' addresses are their compose service names, at the image's port.
+    env = balancer["environment"]
+    assert env["MTPLX_REPLICA_1"] == "replica1:8000" and env["MTPLX_REPLICA_2"] == "replica2:8000"
+
+
+def test_balancer_image_runs_the_shared_haproxy_config_with_every_variable_set():
+    lines = _balancer_dockerfile()
+    assert lines[0] == "ARG BASE_IMAGE=python:3.11-slim"  # as docker/Dockerfile
+    assert lines[1] == "FROM ${BASE_IMAGE}"
+    assert any(re.search(r"apt-get install .*\bhaproxy\b", line) for line in lines)
+    assert "COPY haproxy.cfg /etc/haproxy/mtplx.cfg" in lines
+    users = [line for line in lines if line.startswith("USER ")]
+    assert users and users[-1] not in ("USER root", "USER 0")
+    entry = [line for line in lines if line.startswith("ENTRYPOINT")]
+    assert entry and "/etc/haproxy/mtplx.cfg" in entry[-1] and "-db" in entry[-1]
+    # Every ${VAR} in the config comes from the image (ENV) or from the compose file.
+    config = (DOCKER / "haproxy.cfg").read_text()
+    wanted = set(re.findall(r"\$\{(\w+)\}", config))
+    assert wanted == {"MTPLX_LB_BIND", "MTPLX_LB_STATS_BIND", "MTPLX_REPLICA_1", "MTPLX_REPLICA_2"}
+    env_lines = " ".join(line for line in lines if line.startswith("ENV"))
+    image_env = set(re.findall(r"\b(MTPLX_\w+)=", env_lines))
+    compose = yaml.safe_load((DOCKER / "compose.replicas.yaml").read_text())
+    assert wanted <= image_env | set(compose["services"]["balancer"]["environment"])
+
+
+def test_haproxy_config_routes_by_session_and_readiness():
+    config = [
+        " ".join(line.split("#")[0].split())
+        for line in (DOCKER / "haproxy.cfg").read_text().splitlines()
+    ]
+    # Affinity: a consistent hash of X-Session-Id; without the header, least connections.
+    assert "use_backend affinity if { req.hdr(x-session-id) -m found }" in config
+    assert "default_backend leastconn" in config
+    assert "balance hdr(X-Session-Id)" in config and "hash-type consistent" in config
+    assert "balance leastconn" in config
+    # Readiness: /health must answer 200 (503 while loading), checked on every replica.
+    assert "option httpchk GET /health" in config and "http-check expect status 200" in config
+    servers = [line for line in config if line.startswith("server ")]
+    assert len(servers) == 4
+    assert all(" check " in f"{line} " or " track affinity/" in line for line in servers)
+    # Long generations: no 30 s or 1 min default cutting a stream.
+    timeouts = dict(line.split()[1:3] for line in config if line.startswith("timeout "))
+    assert timeouts["client"] == timeouts["server"] == "15m"
+    assert not any(line.startswith("compression") for line in config)  # streams unbuffered

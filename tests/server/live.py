@@ -27,16 +27,35 @@ def free_port() -> int:
 
 
 @contextmanager
-def live_server(checkpoint: Path, log: Path, *args: str) -> Iterator[str]:
-    """Serve ``checkpoint`` (with ``args`` for ``mtplx serve``) until the block ends; yields
-    the base URL. The server's output goes to ``log``, shown when it fails to start."""
-    with live_process(checkpoint, log, *args) as (url, _):
+def live_server(checkpoint: Path | None, log: Path, *args: str) -> Iterator[str]:
+    """Serve ``checkpoint`` (None: the shipped default model; with ``args`` for ``mtplx
+    serve``) until the block ends; yields the base URL. The server's output goes to ``log``,
+    shown when it fails to start."""
+    with live_servers(checkpoint, [log], *args) as (url,):
         yield url
 
 
 @contextmanager
+def live_servers(checkpoint: Path | None, logs: list[Path], *args: str) -> Iterator[list[str]]:
+    """One server per log file, all started at once (they load their models in parallel);
+    yields their base URLs once every one answers /health with 200."""
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        urls = []
+        for log in logs:
+            url, process = _start(checkpoint, log, args)
+            processes.append(process)
+            urls.append(url)
+        for process, url, log in zip(processes, urls, logs, strict=True):
+            _wait_healthy(process, url, log)
+        yield urls
+    finally:
+        _stop(processes)
+
+
+@contextmanager
 def live_process(
-    checkpoint: Path,
+    checkpoint: Path | None,
     log: Path,
     *args: str,
     launcher: Sequence[str] = (),
@@ -44,14 +63,26 @@ def live_process(
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``live_server`` that also yields the process; ``launcher``: a command the server runs
     under (``mlx.launch ... --``)."""
+    url, process = _start(checkpoint, log, args, launcher)
+    try:
+        _wait_healthy(process, url, log, startup_seconds)
+        yield url, process
+    finally:
+        _stop([process])
+
+
+def _start(
+    checkpoint: Path | None, log: Path, args: Sequence[str], launcher: Sequence[str] = ()
+) -> tuple[str, subprocess.Popen[bytes]]:
     # Server settings come from the command line only (MTPLX_HOME, MTPLX_BLAS stay).
     settings = {f"MTPLX_{name.upper()}" for name in ServerSettings.model_fields}
     env = {k: v for k, v in os.environ.items() if k.upper() not in settings}
     env["PYTHONPATH"] = str(ROOT)
+    model = [] if checkpoint is None else [str(checkpoint)]
     port = free_port()
     command = [
         *launcher,
-        *(sys.executable, "-m", "mtplx", "serve", str(checkpoint), "--port", str(port), *args),
+        *(sys.executable, "-m", "mtplx", "serve", *model, "--port", str(port), *args),
     ]
     # mlx.launch polls its stdin to forward it to the ranks: at EOF (/dev/null) that loop
     # spins a core, so a launcher gets an open pipe nobody writes to.
@@ -60,21 +91,28 @@ def live_process(
         process = subprocess.Popen(
             command, cwd=ROOT, env=env, stdin=stdin, stdout=output, stderr=output
         )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_seconds
-        while True:
-            assert process.poll() is None, f"server exited: {log.read_text()[-2000:]}"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"not healthy: {log.read_text()[-2000:]}"
-            time.sleep(0.1)
-        yield url, process
-    finally:
+    return f"http://127.0.0.1:{port}", process
+
+
+def _wait_healthy(
+    process: subprocess.Popen[bytes], url: str, log: Path, seconds: float = 60
+) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        assert process.poll() is None, f"server exited: {log.read_text()[-2000:]}"
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"not healthy: {log.read_text()[-2000:]}"
+        time.sleep(0.1)
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
         process.terminate()
+    for process in processes:
         try:
             process.wait(10)
         except subprocess.TimeoutExpired:
