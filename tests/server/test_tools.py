@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from mtplx.errors import InvalidParameter
 from mtplx.grammar import check_grammar
 from mtplx.request import TokenEvent
 from server.schemas import ChatMessage, Tool
@@ -216,3 +217,22 @@ def test_split_reply() -> None:
     assert split_reply(call, None) == (call, [])
     text, [parsed] = split_reply(call, plan())
     assert text == "" and json.loads(parsed["function"]["arguments"]) == {"city": "Oslo"}
+
+
+def test_a_bad_schema_under_auto_names_tools() -> None:
+    """The generic ``auto`` grammar's errors name ``tools`` (the schema is a tool's), not
+    ``response_format``, which the request never sent."""
+    bad = Tool.model_validate(
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"x": {"type": "nonsense"}}},
+            },
+        }
+    )
+    spec = ToolPlan((bad,), "auto", None, True, GENERIC).grammar()
+    assert spec is not None
+    with pytest.raises(InvalidParameter) as error:
+        check_grammar(spec)
+    assert error.value.param == "tools"
