@@ -152,6 +152,7 @@ async def test_failure_mid_stream(client):
         (body(tools=[{"type": "web_search_preview"}]), 400, "tools[0].type"),
         (body(tools=[{"type": "function"}]), 400, "tools[0].name"),
         (body(tools=[{**F_TOOL, "parameters": 3}]), 400, "tools[0].parameters"),
+        (body(tools=[{**F_TOOL, "parameters": {"type": "array"}}]), 400, "tools[0].parameters"),
         (body(tool_choice="required"), 400, "tool_choice"),
         (body(tools=[F_TOOL], tool_choice={"type": "file_search"}), 400, "tool_choice"),
         (body(tools=[F_TOOL], tool_choice={"type": "function", "name": "g"}), 400, "tool_choice"),
@@ -175,6 +176,7 @@ async def test_failure_mid_stream(client):
     ],
     ids=[
         "previous-response-id", "built-in-tool", "tool-without-name", "tool-parameters",
+        "tool-parameters-not-an-object",
         "tool-choice-without-tools", "tool-choice-built-in", "tool-choice-unknown-function",
         "reasoning", "background", "include", "json-format", "truncation-auto",
         "function-call-output-without-output", "function-call-output-without-call",
