@@ -193,6 +193,16 @@ async def test_bad_requests(client, request_body, status, param):
     assert (await client.post(RESPONSES, json=body(max_output_tokens=2))).status_code == 200
 
 
+async def test_non_object_parameters_say_why(client):
+    tool = {**F_TOOL, "parameters": {"type": "array"}}
+    r = await client.post(RESPONSES, json=body(tools=[tool]))
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "Invalid value for 'tools[0].parameters': the parameters must be a JSON schema of "
+        "type 'object', got type 'array'"
+    )
+
+
 def test_usage_reports_cached_prompt_tokens():
     from server.responses_api import ResponsesRequest
     from server.responses_output import ResponseBuilder
