@@ -57,6 +57,9 @@ __all__ = [
 # OpenAI's documented ranges; a value outside them is a client error, not something to clamp.
 _PENALTY_RANGE = (-2.0, 2.0)
 _LOGIT_BIAS_RANGE = (-100.0, 100.0)
+# Below this temperature, logits / T overflows float32 (the MLX path's dtype): NaN
+# probabilities. softmax(logits / T) is already the argmax there, so it samples greedily.
+_GREEDY_BELOW = 1e-30
 
 
 def _check_finite(name: str, value: Any, param: str | None = None) -> float:
@@ -72,7 +75,8 @@ class SamplerConfig:
     """How one request samples. Validated on construction; errors name the field.
 
     Defaults match the OpenAI API: temperature 1, top_p 1, every other filter and penalty off.
-    ``temperature == 0`` means greedy (argmax, ties to the lowest token id).
+    ``temperature == 0`` means greedy (argmax, ties to the lowest token id), as does a
+    temperature below 1e-30 (it becomes 0).
     """
 
     temperature: float = 1.0
@@ -89,6 +93,8 @@ class SamplerConfig:
         temperature = _check_finite("temperature", self.temperature)
         if temperature < 0:
             raise InvalidParameter("temperature", f"temperature must be >= 0, got {temperature}")
+        if temperature < _GREEDY_BELOW:
+            temperature = 0.0
         top_p = _check_finite("top_p", self.top_p)
         if not 0.0 < top_p <= 1.0:
             raise InvalidParameter("top_p", f"top_p must be in (0, 1], got {top_p}")

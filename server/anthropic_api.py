@@ -158,10 +158,21 @@ def _bad(message: str, param: str) -> APIError:
     return APIError(400, message, param=param, code="invalid_value")
 
 
+def _missing_text(at: str) -> APIError:
+    return APIError(
+        400,
+        f"Missing required parameter: '{at}.text'.",
+        param=f"{at}.text",
+        code="missing_required_parameter",
+    )
+
+
 def _texts(blocks: list[ContentBlockParam], where: str) -> str:
     """Text blocks joined with a newline, as the chat route joins content parts."""
     texts = []
     for i, block in enumerate(blocks):
+        if block.type == "text" and block.text is None:
+            raise _missing_text(f"{where}[{i}]")
         if block.type != "text" or block.text is None:
             raise _bad(
                 f"{where}[{i}]: only text content blocks are supported here, got type "
@@ -221,6 +232,8 @@ def _turn(message: MessageParam, i: int, previous_calls: set[str]) -> list[dict[
                     "content": f"Error: {text}" if result.is_error else text,
                 }
             )
+        elif block.type == "text":
+            raise _missing_text(at)
         elif block.type in ("tool_use", "tool_result"):
             side = "assistant" if block.type == "tool_use" else "user"
             raise _bad(f"{at}: {block.type} blocks belong in {side} turns", f"{at}.type")

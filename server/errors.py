@@ -229,6 +229,8 @@ def from_validation_error(errors: Sequence[Mapping[str, Any]], data: Any = None)
                 if tag not in members:
                     members.append(tag)
         message = f"expected one of: {', '.join(members)}"
+    elif kind == "value_error" and "error" in error.get("ctx", {}):
+        message = str(error["ctx"]["error"])  # a validator's own words, without pydantic's tag
     else:
         message = str(error.get("msg", "invalid value"))
     return APIError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from mtplx.request import DRAFTER_NAMES, MAX_DEPTH
 
@@ -89,6 +89,19 @@ class FunctionDefinition(_Strict):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Arguments are a JSON object, as OpenAI requires: a schema of anything else would
+        let ``tool_choice`` required force a reply that is no call. ``{}`` is no
+        parameters."""
+        if parameters and parameters.get("type") != "object":
+            raise ValueError(
+                "the parameters must be a JSON schema of type 'object', got type "
+                f"{parameters.get('type')!r}"
+            )
+        return parameters
 
 
 class Tool(_Strict):

@@ -113,9 +113,8 @@ class ToolPlan:
         if self.choice == "auto":
             # Leading whitespace is text's: a JSON call starts the reply at once.
             text = r"TEXT: /\s*[^{\s][\s\S]*/"
-            return GrammarSpec(
-                "lark", f"start: TEXT | call\n{text}\ncall: %json {json.dumps(call)}"
-            )
+            rule = f"start: TEXT | call\n{text}\ncall: %json {json.dumps(call)}"
+            return GrammarSpec("lark", rule, param="tools")
         return GrammarSpec.json_schema(call, param="tool_choice")
 
 

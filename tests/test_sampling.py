@@ -352,6 +352,20 @@ def test_temperature_zero_is_argmax_with_ties_to_lowest_id() -> None:
     )
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 1e-40, 1e-31])
+def test_a_vanishing_temperature_is_greedy(temperature: float) -> None:
+    """A temperature so small that logits / T overflow float32 (NaN probabilities: the MLX
+    path then drew token 0, garbage or a grammar violation) samples the argmax, the limit
+    of softmax(logits / T) as T -> 0."""
+    config = SamplerConfig(temperature=temperature)
+    assert config.is_greedy
+    logits = [-50.0, 30.0, 2.0]
+    np.testing.assert_array_equal(
+        np.array(mx_distribution_from_logits(mx.array(logits), config)), [0, 1, 0]
+    )
+    np.testing.assert_array_equal(distribution_from_logits(np.array(logits), config), [0, 1, 0])
+
+
 def test_temperature_scales_logits_before_softmax() -> None:
     logits = np.array([1.0, 2.0, 0.0])
     probs = distribution_from_logits(logits, SamplerConfig(temperature=0.5))

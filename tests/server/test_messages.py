@@ -245,6 +245,18 @@ CASES = {
         INVALID,
         "tool_use blocks belong in assistant turns",
     ),
+    "text-block-without-text": (
+        body([{"type": "text"}]),
+        400,
+        INVALID,
+        "Missing required parameter: 'messages[0].content[0].text'",
+    ),
+    "system-text-block-without-text": (
+        body(system=[{"type": "text"}]),
+        400,
+        INVALID,
+        "Missing required parameter: 'system[0].text'",
+    ),
     "max-tokens-over-limit": (body(max_tokens=10_000), 400, INVALID, "max_tokens"),
     "unavailable-drafter": (body(mtplx={"drafter": "draft_model"}), 400, INVALID, "drafter"),
 }

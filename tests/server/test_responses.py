@@ -152,6 +152,7 @@ async def test_failure_mid_stream(client):
         (body(tools=[{"type": "web_search_preview"}]), 400, "tools[0].type"),
         (body(tools=[{"type": "function"}]), 400, "tools[0].name"),
         (body(tools=[{**F_TOOL, "parameters": 3}]), 400, "tools[0].parameters"),
+        (body(tools=[{**F_TOOL, "parameters": {"type": "array"}}]), 400, "tools[0].parameters"),
         (body(tool_choice="required"), 400, "tool_choice"),
         (body(tools=[F_TOOL], tool_choice={"type": "file_search"}), 400, "tool_choice"),
         (body(tools=[F_TOOL], tool_choice={"type": "function", "name": "g"}), 400, "tool_choice"),
@@ -175,6 +176,7 @@ async def test_failure_mid_stream(client):
     ],
     ids=[
         "previous-response-id", "built-in-tool", "tool-without-name", "tool-parameters",
+        "tool-parameters-not-an-object",
         "tool-choice-without-tools", "tool-choice-built-in", "tool-choice-unknown-function",
         "reasoning", "background", "include", "json-format", "truncation-auto",
         "function-call-output-without-output", "function-call-output-without-call",
@@ -189,6 +191,16 @@ async def test_bad_requests(client, request_body, status, param):
     error = r.json()["error"]
     assert error["param"] == param and error["message"]
     assert (await client.post(RESPONSES, json=body(max_output_tokens=2))).status_code == 200
+
+
+async def test_non_object_parameters_say_why(client):
+    tool = {**F_TOOL, "parameters": {"type": "array"}}
+    r = await client.post(RESPONSES, json=body(tools=[tool]))
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "Invalid value for 'tools[0].parameters': the parameters must be a JSON schema of "
+        "type 'object', got type 'array'"
+    )
 
 
 def test_usage_reports_cached_prompt_tokens():

@@ -7,7 +7,9 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from mtplx.errors import InvalidParameter
 from mtplx.grammar import check_grammar
 from mtplx.request import TokenEvent
 from server.schemas import ChatMessage, Tool
@@ -216,3 +218,43 @@ def test_split_reply() -> None:
     assert split_reply(call, None) == (call, [])
     text, [parsed] = split_reply(call, plan())
     assert text == "" and json.loads(parsed["function"]["arguments"]) == {"city": "Oslo"}
+
+
+def test_a_bad_schema_under_auto_names_tools() -> None:
+    """The generic ``auto`` grammar's errors name ``tools`` (the schema is a tool's), not
+    ``response_format``, which the request never sent."""
+    bad = Tool.model_validate(
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"x": {"type": "nonsense"}}},
+            },
+        }
+    )
+    spec = ToolPlan((bad,), "auto", None, True, GENERIC).grammar()
+    assert spec is not None
+    with pytest.raises(InvalidParameter) as error:
+        check_grammar(spec)
+    assert error.value.param == "tools"
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{"type": "array"}, {"type": "integer"}, {"enum": [1, 2]}, {"properties": {}}],
+)
+def test_parameters_must_be_an_object_schema(parameters: dict[str, Any]) -> None:
+    """Arguments are a JSON object: a schema of anything else could force (``required``) a
+    reply that is not a call."""
+    with pytest.raises(ValidationError):
+        Tool.model_validate(
+            {"type": "function", "function": {"name": "f", "parameters": parameters}}
+        )
+
+
+@pytest.mark.parametrize("parameters", [None, {}, {"type": "object", "properties": {}}])
+def test_object_parameters_are_accepted(parameters: dict[str, Any] | None) -> None:
+    tool = Tool.model_validate(
+        {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    )
+    assert tool.function.parameters == parameters
