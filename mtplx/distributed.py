@@ -373,10 +373,15 @@ class Pipeline:
         """Rank 0 after a lost rank: exit with status 1 now (the engine thread may be blocked
         in a receive that never returns). ``mlx.launch`` exits 0 whatever its ranks did, and
         waits forever on a stopped rank: a local one is terminated as well, so whoever
-        started it sees the failure (status 143)."""
+        started it sees the failure (status 143). Its other ranks on this host are killed
+        first: a stopped one would outlive mlx.launch (the others end as their sockets
+        close)."""
         launcher = _launcher_pid()
         if launcher is not None:
             logger.error("terminating mlx.launch (pid %d): the pipeline was lost", launcher)
+            for rank in _children(launcher) - {os.getpid()}:
+                with contextlib.suppress(OSError):
+                    os.kill(rank, signal.SIGKILL)
             with contextlib.suppress(OSError):
                 os.kill(launcher, signal.SIGTERM)
         os._exit(1)
@@ -399,3 +404,23 @@ def _launcher_pid() -> int | None:
         command = result.stdout
     launcher = "mlx.launch" in command or "mlx._distributed_utils.launch" in command
     return parent if launcher and parent > 1 else None
+
+
+def _children(parent: int) -> set[int]:
+    """The processes whose parent is ``parent``."""
+    proc = Path("/proc")
+    if proc.is_dir():
+        children = set()
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                    children.add(int(entry.name))
+        return children
+    result = subprocess.run(  # macOS
+        ["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, check=False
+    )
+    pairs = (line.split() for line in result.stdout.splitlines())
+    return {int(pid) for pid, ppid in pairs if int(ppid) == parent}
