@@ -52,7 +52,7 @@ from mtplx.models.batched import SlotRow, SlotTarget, packed_positions
 logger = logging.getLogger(__name__)
 
 OP_FORWARD = 1
-OP_STOP = 2
+OP_STOP = 2  # rank 0, shutting down: every rank exits (the last one answers first)
 OP_PING = 3  # rank 0, idle: is every rank still there? (the last one answers)
 HEADER_FIELDS = 4  # op, number of rows, packed tokens, KV capacity per slot
 ROW_FIELDS = 3  # slot, committed length, tokens fed
@@ -174,9 +174,11 @@ class PipelineTarget(SlotTarget):
         lost or is lost now (nothing reached the workers)."""
         with self._exchanging:
             if self._failure is None:
-                message = encode_message(OP_STOP, [], [], 0, self.max_rows)
+                # Around the ring and back, like a ping: a rank that died since the last
+                # exchange (mlx.launch then SIGTERMs this one at once, before any heartbeat
+                # notices) is a failure, not a normal stop.
                 with contextlib.suppress(PipelineLost):  # reported through on_failure
-                    self._exchange(mx.distributed.send(message, 1, group=self.group))
+                    self._round_trip(OP_STOP)
             with self._lock:
                 closed = self._failure is None
                 self._failure = self._failure or PipelineLost("the pipeline was closed")
@@ -184,7 +186,11 @@ class PipelineTarget(SlotTarget):
 
     def _ping(self) -> None:
         """A message around the ring and back (the caller holds ``_exchanging``)."""
-        message = encode_message(OP_PING, [], [], 0, self.max_rows)
+        self._round_trip(OP_PING)
+
+    def _round_trip(self, op: int) -> None:
+        """Send ``op`` around the ring; the last rank sends it back (under the watchdog)."""
+        message = encode_message(op, [], [], 0, self.max_rows)
         sent = mx.distributed.send(message, 1, group=self.group)
         back = mx.distributed.recv_like(message, self.group.size() - 1, group=self.group)
         self._exchange(mx.depends(back, sent))
@@ -266,11 +272,11 @@ class PipelineWorker(SlotTarget):
             if rank < size - 1:  # pass it on first: the next stage prepares while we compute
                 message = mx.distributed.send(message, following, group=self.group)
             fields = message.tolist()
-            if fields[0] == OP_STOP:
-                return
-            if fields[0] == OP_PING:
-                if rank == size - 1:
+            if fields[0] in (OP_STOP, OP_PING):
+                if rank == size - 1:  # the ring's closing hop: rank 0 waits for it
                     mx.eval(mx.distributed.send(message, 0, group=self.group))
+                if fields[0] == OP_STOP:
+                    return
                 continue
             if fields[0] != OP_FORWARD:
                 raise RuntimeError(f"unknown pipeline message {fields[:HEADER_FIELDS]}")

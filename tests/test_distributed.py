@@ -267,3 +267,13 @@ def test_a_lost_worker_fails_requests_with_503_and_rank_0_exits_non_zero(
 
 def _is_zombie(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+
+def test_a_worker_killed_while_idle_is_a_failure_not_a_normal_stop(llama_mtp_checkpoint, tmp_path):
+    # mlx.launch SIGTERMs rank 0 as soon as a rank exits non-zero, before any heartbeat
+    # notices: the stop that follows must find the worker gone and fail the command.
+    log = tmp_path / "server.log"
+    with _two_ranks(llama_mtp_checkpoint, log, "--pipeline-timeout", "60") as (url, launcher):
+        port = int(url.rsplit(":", 1)[1])
+        os.kill(_rank_pid(port, 1), signal.SIGKILL)
+        assert launcher.wait(30) == -signal.SIGTERM, log.read_text()[-3000:]
