@@ -39,6 +39,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -306,6 +307,8 @@ class PipelineWorker(SlotTarget):
 
 # Seconds rank 0 lets the 503s of a lost pipeline reach their clients before it exits.
 EXIT_GRACE_SECONDS = 1.5
+# Seconds a failing rank lets mlx.launch pass its last output on before terminating it.
+RELAY_SECONDS = 0.5
 
 
 class Pipeline:
@@ -354,8 +357,13 @@ class Pipeline:
         stops (0) or is lost (1)."""
         from mtplx.models import load
 
-        loaded = load(model, stage=self.stage)
-        worker = PipelineWorker(loaded.target, self.group, max_rows)
+        try:
+            loaded = load(model, stage=self.stage)
+            worker = PipelineWorker(loaded.target, self.group, max_rows)
+        except Exception as exc:  # a bad checkpoint, a model the pipeline cannot split
+            logger.error("rank %d: the model failed to load: %s", self.rank, exc)
+            _end_launcher()  # mlx.launch would exit 0
+            return 1
         logger.info("rank %d of %d ready", self.rank, self.group.size())
         try:
             worker.run()
@@ -382,20 +390,32 @@ class Pipeline:
         started it sees the failure (status 143). Its other ranks on this host are killed
         first: a stopped one would outlive mlx.launch (the others end as their sockets
         close)."""
-        launcher = _launcher_pid()
-        if launcher is not None:
-            logger.error("terminating mlx.launch (pid %d): the pipeline was lost", launcher)
-            for rank in _children(launcher) - {os.getpid()}:
-                with contextlib.suppress(OSError):
-                    os.kill(rank, signal.SIGKILL)
-            with contextlib.suppress(OSError):
-                os.kill(launcher, signal.SIGTERM)
+        _end_launcher(kill_ranks=True)
         os._exit(1)
 
     def _lost(self, failure: PipelineLost) -> None:
         if self.on_failure is not None:
             self.on_failure(failure)
         threading.Timer(EXIT_GRACE_SECONDS, self.exit_lost).start()
+
+
+def _end_launcher(kill_ranks: bool = False) -> None:
+    """Terminate the local ``mlx.launch`` that started this rank, if any (it exits 0
+    whatever its ranks did, so the command it ran then fails with status 143);
+    ``kill_ranks``: kill its other ranks first."""
+    launcher = _launcher_pid()
+    if launcher is None:
+        return
+    logger.error("terminating mlx.launch (pid %d): the pipeline cannot run", launcher)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    time.sleep(RELAY_SECONDS)  # mlx.launch relays what this rank wrote before it goes
+    for rank in _children(launcher) - {os.getpid()} if kill_ranks else ():
+        with contextlib.suppress(OSError):
+            os.kill(rank, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.kill(launcher, signal.SIGTERM)
 
 
 def _launcher_pid() -> int | None:

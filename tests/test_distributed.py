@@ -277,3 +277,17 @@ def test_a_worker_killed_while_idle_is_a_failure_not_a_normal_stop(llama_mtp_che
         port = int(url.rsplit(":", 1)[1])
         os.kill(_rank_pid(port, 1), signal.SIGKILL)
         assert launcher.wait(30) == -signal.SIGTERM, log.read_text()[-3000:]
+
+
+def test_a_worker_that_cannot_load_says_why_and_ends_the_launcher(monkeypatch, caplog):
+    group = SimpleNamespace(rank=lambda: 1, size=lambda: 2)
+    ended = []
+    monkeypatch.setattr(distributed, "_end_launcher", lambda **_: ended.append(True))
+
+    def load(model, stage):
+        raise ValueError(f"--distributed splits llama-like models only, not {model}")
+
+    monkeypatch.setattr("mtplx.models.load", load)
+    assert Pipeline(group).work("qwen3_next", 16) == 1  # no traceback: one line
+    assert ended == [True]
+    assert "rank 1: the model failed to load: --distributed splits" in caplog.text
