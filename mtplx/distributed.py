@@ -39,6 +39,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -52,7 +53,7 @@ from mtplx.models.batched import SlotRow, SlotTarget, packed_positions
 logger = logging.getLogger(__name__)
 
 OP_FORWARD = 1
-OP_STOP = 2
+OP_STOP = 2  # rank 0, shutting down: every rank exits (the last one answers first)
 OP_PING = 3  # rank 0, idle: is every rank still there? (the last one answers)
 HEADER_FIELDS = 4  # op, number of rows, packed tokens, KV capacity per slot
 ROW_FIELDS = 3  # slot, committed length, tokens fed
@@ -174,9 +175,11 @@ class PipelineTarget(SlotTarget):
         lost or is lost now (nothing reached the workers)."""
         with self._exchanging:
             if self._failure is None:
-                message = encode_message(OP_STOP, [], [], 0, self.max_rows)
+                # Around the ring and back, like a ping: a rank that died since the last
+                # exchange (mlx.launch then SIGTERMs this one at once, before any heartbeat
+                # notices) is a failure, not a normal stop.
                 with contextlib.suppress(PipelineLost):  # reported through on_failure
-                    self._exchange(mx.distributed.send(message, 1, group=self.group))
+                    self._round_trip(OP_STOP)
             with self._lock:
                 closed = self._failure is None
                 self._failure = self._failure or PipelineLost("the pipeline was closed")
@@ -184,7 +187,11 @@ class PipelineTarget(SlotTarget):
 
     def _ping(self) -> None:
         """A message around the ring and back (the caller holds ``_exchanging``)."""
-        message = encode_message(OP_PING, [], [], 0, self.max_rows)
+        self._round_trip(OP_PING)
+
+    def _round_trip(self, op: int) -> None:
+        """Send ``op`` around the ring; the last rank sends it back (under the watchdog)."""
+        message = encode_message(op, [], [], 0, self.max_rows)
         sent = mx.distributed.send(message, 1, group=self.group)
         back = mx.distributed.recv_like(message, self.group.size() - 1, group=self.group)
         self._exchange(mx.depends(back, sent))
@@ -266,11 +273,11 @@ class PipelineWorker(SlotTarget):
             if rank < size - 1:  # pass it on first: the next stage prepares while we compute
                 message = mx.distributed.send(message, following, group=self.group)
             fields = message.tolist()
-            if fields[0] == OP_STOP:
-                return
-            if fields[0] == OP_PING:
-                if rank == size - 1:
+            if fields[0] in (OP_STOP, OP_PING):
+                if rank == size - 1:  # the ring's closing hop: rank 0 waits for it
                     mx.eval(mx.distributed.send(message, 0, group=self.group))
+                if fields[0] == OP_STOP:
+                    return
                 continue
             if fields[0] != OP_FORWARD:
                 raise RuntimeError(f"unknown pipeline message {fields[:HEADER_FIELDS]}")
@@ -300,6 +307,8 @@ class PipelineWorker(SlotTarget):
 
 # Seconds rank 0 lets the 503s of a lost pipeline reach their clients before it exits.
 EXIT_GRACE_SECONDS = 1.5
+# Seconds a failing rank lets mlx.launch pass its last output on before terminating it.
+RELAY_SECONDS = 0.5
 
 
 class Pipeline:
@@ -348,8 +357,13 @@ class Pipeline:
         stops (0) or is lost (1)."""
         from mtplx.models import load
 
-        loaded = load(model, stage=self.stage)
-        worker = PipelineWorker(loaded.target, self.group, max_rows)
+        try:
+            loaded = load(model, stage=self.stage)
+            worker = PipelineWorker(loaded.target, self.group, max_rows)
+        except Exception as exc:  # a bad checkpoint, a model the pipeline cannot split
+            logger.error("rank %d: the model failed to load: %s", self.rank, exc)
+            _end_launcher()  # mlx.launch would exit 0
+            return 1
         logger.info("rank %d of %d ready", self.rank, self.group.size())
         try:
             worker.run()
@@ -373,18 +387,35 @@ class Pipeline:
         """Rank 0 after a lost rank: exit with status 1 now (the engine thread may be blocked
         in a receive that never returns). ``mlx.launch`` exits 0 whatever its ranks did, and
         waits forever on a stopped rank: a local one is terminated as well, so whoever
-        started it sees the failure (status 143)."""
-        launcher = _launcher_pid()
-        if launcher is not None:
-            logger.error("terminating mlx.launch (pid %d): the pipeline was lost", launcher)
-            with contextlib.suppress(OSError):
-                os.kill(launcher, signal.SIGTERM)
+        started it sees the failure (status 143). Its other ranks on this host are killed
+        first: a stopped one would outlive mlx.launch (the others end as their sockets
+        close)."""
+        _end_launcher(kill_ranks=True)
         os._exit(1)
 
     def _lost(self, failure: PipelineLost) -> None:
         if self.on_failure is not None:
             self.on_failure(failure)
         threading.Timer(EXIT_GRACE_SECONDS, self.exit_lost).start()
+
+
+def _end_launcher(kill_ranks: bool = False) -> None:
+    """Terminate the local ``mlx.launch`` that started this rank, if any (it exits 0
+    whatever its ranks did, so the command it ran then fails with status 143);
+    ``kill_ranks``: kill its other ranks first."""
+    launcher = _launcher_pid()
+    if launcher is None:
+        return
+    logger.error("terminating mlx.launch (pid %d): the pipeline cannot run", launcher)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    time.sleep(RELAY_SECONDS)  # mlx.launch relays what this rank wrote before it goes
+    for rank in _children(launcher) - {os.getpid()} if kill_ranks else ():
+        with contextlib.suppress(OSError):
+            os.kill(rank, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.kill(launcher, signal.SIGTERM)
 
 
 def _launcher_pid() -> int | None:
@@ -399,3 +430,23 @@ def _launcher_pid() -> int | None:
         command = result.stdout
     launcher = "mlx.launch" in command or "mlx._distributed_utils.launch" in command
     return parent if launcher and parent > 1 else None
+
+
+def _children(parent: int) -> set[int]:
+    """The processes whose parent is ``parent``."""
+    proc = Path("/proc")
+    if proc.is_dir():
+        children = set()
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                    children.add(int(entry.name))
+        return children
+    result = subprocess.run(  # macOS
+        ["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True, check=False
+    )
+    pairs = (line.split() for line in result.stdout.splitlines())
+    return {int(pid) for pid, ppid in pairs if int(ppid) == parent}

@@ -357,6 +357,8 @@ def serve(args: argparse.Namespace) -> int:
         pipeline.exit_lost()
     if error is not None:
         print(f"mtplx serve: the model failed to load: {error}", file=sys.stderr)
+        if pipeline is not None:
+            pipeline.exit_lost()  # the launched command fails too (mlx.launch exits 0)
         return 1
     return 0
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from mtplx.scheduler import EngineLike, Scheduler
+from mtplx.scheduler import EngineLike, Scheduler, ShuttingDown
 from server.errors import APIError
 from server.metrics import ServerMetrics
 from server.settings import ServerSettings
@@ -29,7 +29,8 @@ class AppContext:
     started_at: float = field(default_factory=time.time)
 
     def engine(self) -> EngineLike:
-        """The engine, or a 503 APIError while it loads (or after it failed to)."""
+        """The engine, or a 503 APIError while it loads (or after it failed to), or while the
+        server drains for shutdown."""
         state = self.scheduler.state
         if state != "ready":
             failure = getattr(self.scheduler, "failure", None)  # failed after loading
@@ -37,6 +38,8 @@ class AppContext:
                 message = f"The engine failed: {failure}"
             elif state == "failed":
                 message = f"The model failed to load: {self.scheduler.load_error}"
+            elif state in ("draining", "stopped"):
+                raise APIError(503, str(ShuttingDown()), code="server_shutting_down")
             else:
                 message = "The model is loading; retry shortly."
             headers = {"Retry-After": "5"} if state in ("created", "loading") else None

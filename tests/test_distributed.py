@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -17,10 +19,12 @@ import httpx
 import mlx.core as mx
 import pytest
 
+import mtplx.distributed as distributed
 from mtplx.distributed import (
     HEADER_FIELDS,
     OP_FORWARD,
     ROW_FIELDS,
+    Pipeline,
     check_pipeline_model,
     encode_message,
     keep_stage,
@@ -85,6 +89,46 @@ def test_only_llama_like_models_are_split(qwen3_next_checkpoint, llama_mtp_check
     check_pipeline_model(load(llama_mtp_checkpoint).target)
     with pytest.raises(ValueError, match="llama-like models only, not qwen3_next"):
         check_pipeline_model(load(qwen3_next_checkpoint).target)
+
+
+def _gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or _is_zombie(pid)
+
+
+def test_a_lost_pipeline_kills_the_local_ranks_and_terminates_the_launcher(monkeypatch):
+    # A stand-in for mlx.launch with two more ranks; one is stopped (SIGSTOP): it ignores
+    # the launcher's end and would otherwise outlive everything.
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\n"
+         "ranks = [subprocess.Popen(['sleep', '300']) for _ in range(2)]\n"
+         "print(*(rank.pid for rank in ranks), flush=True)\n"
+         "time.sleep(300)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        ranks = [int(pid) for pid in launcher.stdout.readline().split()]
+        assert len(ranks) == 2
+        os.kill(ranks[0], signal.SIGSTOP)
+        assert set(ranks) <= distributed._children(launcher.pid)
+        monkeypatch.setattr(distributed, "_launcher_pid", lambda: launcher.pid)
+
+        def exit_(status: int) -> None:
+            raise SystemExit(status)
+
+        monkeypatch.setattr(distributed.os, "_exit", exit_)
+        with pytest.raises(SystemExit) as exited:
+            Pipeline.exit_lost(None)  # type: ignore[arg-type]  # uses no state
+        assert exited.value.code == 1
+        assert launcher.wait(10) == -signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while not all(_gone(rank) for rank in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_gone(rank) for rank in ranks)
+    finally:
+        launcher.kill()
+        for rank in ranks:
+            with contextlib.suppress(OSError):
+                os.kill(rank, signal.SIGKILL)
 
 
 # -- two ranks under mlx.launch ---------------------------------------------------------------
@@ -223,3 +267,27 @@ def test_a_lost_worker_fails_requests_with_503_and_rank_0_exits_non_zero(
 
 def _is_zombie(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+
+def test_a_worker_killed_while_idle_is_a_failure_not_a_normal_stop(llama_mtp_checkpoint, tmp_path):
+    # mlx.launch SIGTERMs rank 0 as soon as a rank exits non-zero, before any heartbeat
+    # notices: the stop that follows must find the worker gone and fail the command.
+    log = tmp_path / "server.log"
+    with _two_ranks(llama_mtp_checkpoint, log, "--pipeline-timeout", "60") as (url, launcher):
+        port = int(url.rsplit(":", 1)[1])
+        os.kill(_rank_pid(port, 1), signal.SIGKILL)
+        assert launcher.wait(30) == -signal.SIGTERM, log.read_text()[-3000:]
+
+
+def test_a_worker_that_cannot_load_says_why_and_ends_the_launcher(monkeypatch, caplog):
+    group = SimpleNamespace(rank=lambda: 1, size=lambda: 2)
+    ended = []
+    monkeypatch.setattr(distributed, "_end_launcher", lambda **_: ended.append(True))
+
+    def load(model, stage):
+        raise ValueError(f"--distributed splits llama-like models only, not {model}")
+
+    monkeypatch.setattr("mtplx.models.load", load)
+    assert Pipeline(group).work("qwen3_next", 16) == 1  # no traceback: one line
+    assert ended == [True]
+    assert "rank 1: the model failed to load: --distributed splits" in caplog.text

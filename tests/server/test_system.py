@@ -224,3 +224,16 @@ async def test_a_disconnected_stream_is_499_and_its_sent_tokens_count(make_app):
         if line.startswith("mtplx_generation_tokens_total")
     )
     assert 5 <= sent < 3000  # what went out before the client left, not nothing, not all
+
+
+async def test_requests_while_draining_say_shutting_down_not_loading(make_app):
+    app = make_app(FakeEngine())
+    app.state.ctx.scheduler.drain(30).join(5)  # nothing in flight: drained, then stopped
+    async with _client(app) as c:
+        for path, body in (("/v1/chat/completions", chat_body()), ("/v1/models", None)):
+            r = await (c.post(path, json=body) if body else c.get(path))
+            assert r.status_code == 503, (path, r.text)
+            error = r.json()["error"]
+            assert error["code"] == "server_shutting_down", (path, error)
+            assert "loading" not in error["message"]
+            assert "Retry-After" not in r.headers
