@@ -269,6 +269,7 @@ def _is_zombie(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
 
 
+@pytest.mark.slow  # a fourth two-rank start (~30-50 s): `make test-slow`
 def test_a_worker_killed_while_idle_is_a_failure_not_a_normal_stop(llama_mtp_checkpoint, tmp_path):
     # mlx.launch SIGTERMs rank 0 as soon as a rank exits non-zero, before any heartbeat
     # notices: the stop that follows must find the worker gone and fail the command.
