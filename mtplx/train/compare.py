@@ -282,6 +282,23 @@ def summarize(results: list[dict[str, Any]], depth: int) -> dict[str, Any]:
     return out
 
 
+PROMPT_SETS = ("benchmarks", "heldout", "train", "broad")
+
+
+def prompt_messages(
+    kind: str, count: int, seed: int = 0
+) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
+    """(user text, earlier turns) of the first ``count`` prompts of a set: ``broad`` is the
+    held-out split of ``mtplx.train.prompts_broad`` (fillers and templates never trained on,
+    some multi-turn); the others as ``prompt_texts``."""
+    if kind == "broad":
+        from mtplx.train.prompts_broad import build_broad_prompts
+
+        _, heldout = build_broad_prompts(seed)
+        return [(p.text, p.history) for p in heldout[:count]]
+    return [(t, ()) for t in prompt_texts(kind, count, seed)]
+
+
 def prompt_texts(kind: str, count: int, seed: int = 0) -> list[str]:
     """``heldout`` / ``train``: mtplx.train.prompts (topics the head never saw / saw);
     ``benchmarks``: benchmarks/prompts/*.jsonl round-robin over the files."""
@@ -305,9 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mtplx.train.compare", description=__doc__)
     parser.add_argument("--model", type=Path, default=None, help="default: SmolLM2-135M")
     parser.add_argument("--head", type=Path, default=None, help="mtp safetensors")
-    parser.add_argument(
-        "--prompts", choices=("benchmarks", "heldout", "train"), default="benchmarks"
-    )
+    parser.add_argument("--prompts", choices=PROMPT_SETS, default="benchmarks")
     parser.add_argument("--count", type=int, default=12)
     parser.add_argument("--depth", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--max-tokens", type=int, default=96)
@@ -324,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     from mtplx.train.data import chat_prompt_ids
 
     model = load(args.model or ensure_default_model(), mtp_weights=args.head)
-    prompts = [chat_prompt_ids(model.tokenizer, t) for t in prompt_texts(args.prompts, args.count)]
+    prompts = [
+        chat_prompt_ids(model.tokenizer, t, h) for t, h in prompt_messages(args.prompts, args.count)
+    ]
     report = []
     for depth in args.depth:
         results = [

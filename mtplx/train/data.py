@@ -69,9 +69,13 @@ class Sequences:
             return cls(**{k: f[k] for k in ("tokens", "offsets", "source", "answer_start")})
 
 
-def chat_prompt_ids(tokenizer: Any, text: str) -> list[int]:
-    """The chat-templated token ids of one user message, ready for the assistant's answer."""
-    messages = [{"role": "user", "content": text}]
+def chat_prompt_ids(
+    tokenizer: Any, text: str, history: tuple[tuple[str, str], ...] = ()
+) -> list[int]:
+    """The chat-templated token ids of one user message (after the earlier turns
+    ``history``, (role, content) pairs), ready for the assistant's answer."""
+    messages = [{"role": role, "content": content} for role, content in history]
+    messages.append({"role": "user", "content": text})
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return [int(t) for t in ids]
 
@@ -192,7 +196,7 @@ def generate_with_teacher(
 
     trunk = model.target.trunk
     stop_ids = set(model.eos_token_ids)
-    prompt_ids = [chat_prompt_ids(model.tokenizer, p.text) for p in prompts]
+    prompt_ids = [chat_prompt_ids(model.tokenizer, p.text, p.history) for p in prompts]
     entries = [(i, r) for r in range(rounds) for i in range(len(prompts))]
     out = Generated([], [], [], [], [])
     produced, started = 0, time.monotonic()

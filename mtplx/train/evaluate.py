@@ -78,19 +78,24 @@ def evaluate_head(
     depth: int = 3,
     seed: int = 0,
     settings: tuple[tuple[float, float], ...] = ((0.0, 1.0), (0.6, 0.95)),
+    prompt_set: str = "heldout",
 ) -> list[dict[str, Any]]:
-    """Held-out results for each (temperature, top_p) in ``settings``."""
+    """Results on ``prompt_set`` (``mtplx.train.compare.PROMPT_SETS``; default the template
+    generator's held-out prompts) for each (temperature, top_p) in ``settings``."""
     from mtplx.models import load
+    from mtplx.train.compare import prompt_messages
     from mtplx.train.data import chat_prompt_ids
-    from mtplx.train.prompts import build_prompts
 
     model = load(model_dir, mtp_weights=head)
-    _, heldout = build_prompts(seed)
-    ids = [chat_prompt_ids(model.tokenizer, p.text) for p in heldout[:num_prompts]]
-    return [
+    messages = prompt_messages(prompt_set, num_prompts, seed)
+    ids = [chat_prompt_ids(model.tokenizer, text, history) for text, history in messages]
+    results = [
         run_prompts(model, ids, temperature=t, top_p=p, depth=depth, max_tokens=max_tokens)
         for t, p in settings
     ]
+    for r in results:
+        r["prompt_set"] = prompt_set
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         help="mtp safetensors (default: the checkpoint's own mtp.safetensors)",
     )
     parser.add_argument("--model", type=Path, default=None, help="default: SmolLM2-135M")
-    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=16, help="how many prompts")
+    parser.add_argument(
+        "--prompt-set",
+        default="heldout",
+        help="heldout (template generator), broad (mtplx.train.prompts_broad held-out), "
+        "benchmarks (benchmarks/prompts/*.jsonl) or train",
+    )
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="the prompt split's seed")
@@ -118,12 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens=args.max_tokens,
         depth=args.depth,
         seed=args.seed,
+        prompt_set=args.prompt_set,
     )
     for r in results:
         pos = ", ".join(f"{a:.1%}" for a in r["acceptance_per_position"])
         print(
-            f"T={r['temperature']} top_p={r['top_p']} depth={r['depth']}: acceptance by "
-            f"position [{pos}], mean acceptance length {r['mean_acceptance_length']:.2f} "
+            f"{r['prompt_set']} T={r['temperature']} top_p={r['top_p']} depth={r['depth']}: "
+            f"acceptance by position [{pos}], "
+            f"mean acceptance length {r['mean_acceptance_length']:.2f} "
             f"({r['completion_tokens']} tokens, {r['tokens_per_second']:.1f} tok/s)"
         )
     if args.json:

@@ -13,7 +13,7 @@ import numpy as np
 
 from mtplx.models.base import LoadedModel
 from mtplx.train.data import Sequences, Teacher, draft_vocabulary
-from mtplx.train.head import init_head, save_head, trainable
+from mtplx.train.head import init_head, load_head, save_head, trainable
 from mtplx.train.loop import initial_behaviour, train
 from mtplx.train.report import plot_curve, write_report
 
@@ -33,10 +33,14 @@ def finish_run(
 ) -> int:
     """Train, save ``args.out / 'mtp.safetensors'``, evaluate, report."""
     trunk = model.target.trunk
-    draft_vocab = draft_vocabulary(seqs, teacher, args.draft_vocab)
+    init_from = getattr(args, "init", None)
+    if init_from is not None:
+        module, draft_vocab = load_head(trunk, init_from)
+    else:
+        draft_vocab = draft_vocabulary(seqs, teacher, args.draft_vocab)
+        module = init_head(trunk, draft_vocab)
     best = teacher.top_ids[np.arange(len(teacher.top_ids)), teacher.top_probs.argmax(1)]
     coverage = float(np.isin(best, draft_vocab).mean())
-    module = init_head(trunk, draft_vocab)
     logger.info(
         "head: %d parameters, draft vocabulary %d (%.1f%% of greedy tokens)",
         trainable(module),
@@ -59,12 +63,14 @@ def finish_run(
         deadline=max(deadline - reserve, time.monotonic() + 30),
         max_steps=args.max_steps,
         depth2_weight=args.depth2_weight,
+        warmup=getattr(args, "warmup", 30),
     )
     head_file = save_head(module, draft_vocab, args.out / "mtp.safetensors")
     tail = slice(-max(1, min(50, len(result.losses))), None)
     report: dict[str, Any] = {
         "model": str(model_dir),
         "seed": args.seed,
+        "init": str(init_from) if init_from is not None else None,
         "data": info,
         "initial_head": init,
         "draft_vocab_size": len(draft_vocab),
@@ -80,6 +86,7 @@ def finish_run(
             "batch": args.batch,
             "seq_len": args.seq_len,
             "lr": args.lr,
+            "warmup": getattr(args, "warmup", 30),
             "depth2_weight": args.depth2_weight,
         },
         "head_file": head_file.name,

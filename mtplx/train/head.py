@@ -22,7 +22,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from mtplx.models.mtp_nextn import NextNModule
 from mtplx.models.target import Trunk
@@ -51,6 +51,20 @@ def init_head(trunk: Trunk, draft_vocab: np.ndarray, *, source_layer: int = 0) -
     module.lm_head.weight = mx.array(rows[mx.array(draft_vocab)]).astype(mx.float32)
     mx.eval(module.parameters())
     return module
+
+
+def load_head(trunk: Trunk, path: Path) -> tuple[NextNModule, np.ndarray]:
+    """(module, draft vocabulary) of a head written by ``save_head``, in float32, to train on."""
+    weights = mx.load(str(path))
+    draft_vocab = np.array(weights.pop("mtp.draft_vocab")).astype(np.int32)
+    module = init_head(trunk, draft_vocab)
+    names = {k for k, _ in tree_flatten(module.parameters())}
+    found = {k.removeprefix("mtp."): v.astype(mx.float32) for k, v in weights.items()}
+    if set(found) != names:
+        raise ValueError(f"{path}: tensors {sorted(set(found) ^ names)} do not match the head")
+    module.update(tree_unflatten(list(found.items())))
+    mx.eval(module.parameters())
+    return module, draft_vocab
 
 
 def head_forward(

@@ -26,9 +26,25 @@ import numpy as np
 
 from mtplx.models.base import LoadedModel
 from mtplx.train import data as data_mod
-from mtplx.train.prompts import build_prompts
+from mtplx.train.prompts import Prompt, build_prompts
+from mtplx.train.prompts_broad import build_broad_prompts
 
 logger = logging.getLogger("mtplx.train")
+
+PROMPT_SOURCES = ("templates", "broad", "mix")
+
+
+def training_prompts(source: str, seed: int, count: int) -> list[Prompt]:
+    """``count`` training prompts: ``templates`` (``mtplx.train.prompts``, at most 1748),
+    ``broad`` (``mtplx.train.prompts_broad``) or ``mix`` (broad, with every fourth prompt
+    from the templates instead)."""
+    if source == "templates":
+        return build_prompts(seed, num_train=count)[0]
+    broad = build_broad_prompts(seed, num_train=count)[0]
+    if source == "broad":
+        return broad
+    templates = iter(build_prompts(seed, num_train=max(1, count // 4))[0])
+    return [next(templates, b) if i % 4 == 3 else b for i, b in enumerate(broad)]
 
 
 def prepare_data(
@@ -43,6 +59,7 @@ def prepare_data(
     text_tokens: int,
     batch_size: int,
     top_k: int,
+    prompt_source: str = "templates",
 ) -> tuple[data_mod.Sequences, data_mod.Teacher, dict[str, float]]:
     """Stage 1 (cached in ``out/data``): sequences and the teacher's view of them (captured
     while generating the chat answers; one teacher pass over the local text).
@@ -60,7 +77,7 @@ def prepare_data(
         return sorted(chat_folder.glob("batches-*.npz"))
 
     done = max((int(p.stem.split("-")[2]) for p in shards()), default=-1)
-    train_prompts, _ = build_prompts(seed, num_train=num_prompts)
+    train_prompts = training_prompts(prompt_source, seed, num_prompts)
     started = time.monotonic()
     data_mod.generate_with_teacher(
         model,
@@ -131,7 +148,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="generation minutes in this run (default: 40%% of budget); a rerun resumes "
         "after the batches already saved",
     )
-    p.add_argument("--num-prompts", type=int, default=1748, help="training prompts (max 1748)")
+    p.add_argument(
+        "--num-prompts", type=int, default=1748, help="training prompts (templates: max 1748)"
+    )
+    p.add_argument(
+        "--prompt-source",
+        choices=PROMPT_SOURCES,
+        default="templates",
+        help="templates: mtplx.train.prompts; broad: mtplx.train.prompts_broad; mix: both "
+        "(3:1); fixed for the life of a data folder (resuming indexes its prompt list)",
+    )
+    p.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="start from this head (mtp safetensors) and keep its draft vocabulary",
+    )
     p.add_argument("--rounds", type=int, default=2, help="answers per prompt (greedy/sampled)")
     p.add_argument("--max-answer-tokens", type=int, default=192)
     p.add_argument("--text-tokens", type=int, default=30000, help="stdlib source tokens")
@@ -141,6 +173,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=8, help="sequences per step")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=30, help="linear warmup steps")
     p.add_argument("--depth2-weight", type=float, default=0.5, help="0: depth-1 loss only")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--data-only", action="store_true", help="stop after stage 1")
@@ -174,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         text_tokens=args.text_tokens,
         batch_size=args.gen_batch,
         top_k=args.top_k,
+        prompt_source=args.prompt_source,
     )
     logger.info("data: %s", info)
     if args.data_only:

@@ -123,11 +123,13 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class Prompt:
-    """One user message, with the template kind it came from and its topic."""
+    """One user message, with the template kind it came from and its topic; ``history``
+    holds earlier turns of a multi-turn conversation as (role, content) pairs."""
 
     kind: str
     topic: str
     text: str
+    history: tuple[tuple[str, str], ...] = ()
 
 
 def build_prompts(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mtplx.models import load
-from mtplx.train.compare import compare_prompt, recording_engine
+from mtplx.train.compare import compare_prompt, prompt_messages, recording_engine
 
 PROMPTS = ([5, 9, 14, 3, 77, 120, 6], [200, 3, 3, 41, 8, 8, 19, 250, 4, 60, 61, 62])
 LONG = [(31 * j * j + 7 * j + 11) % 250 + 3 for j in range(37)]  # two full cache blocks
@@ -44,3 +44,16 @@ def test_adaptive_and_prefix_cache_feed_the_same_pairs(model) -> None:
         for prompt in (PROMPTS[0], LONG):
             _assert_same(compare_prompt(model, prompt, 3, 40, engine=engine, engine_depth=None))
     assert engine.prefix_cache.stats.hits > 0
+
+
+def test_prompt_sets() -> None:
+    from mtplx.train.prompts import build_prompts
+    from mtplx.train.prompts_broad import build_broad_prompts
+
+    broad = prompt_messages("broad", 30)
+    _, held = build_broad_prompts(0)
+    assert broad == [(p.text, p.history) for p in held[:30]]
+    assert any(history for _, history in broad)
+    assert prompt_messages("heldout", 5) == [(p.text, ()) for p in build_prompts(0)[1][:5]]
+    bench = prompt_messages("benchmarks", 4)
+    assert len(bench) == 4 and all(not history for _, history in bench)

@@ -16,6 +16,7 @@ from mtplx.models.base import LoadedModel
 from mtplx.train.data import (
     Sequences,
     _choose,
+    chat_prompt_ids,
     entry_is_greedy,
     generate_with_teacher,
     teacher_pass,
@@ -134,3 +135,21 @@ def test_a_third_round_adds_no_duplicate_greedy_answer(model: LoadedModel) -> No
     )  # fmt: skip
     assert len(generated.seqs) == 8
     assert len({tuple(s) for s in generated.seqs}) == 8
+
+
+def test_chat_prompt_ids_put_earlier_turns_first() -> None:
+    class Recorder:
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):  # type: ignore[no-untyped-def]
+            self.messages = messages
+            return [1, 2, 3]
+
+    tokenizer = Recorder()
+    history = (("user", "hi"), ("assistant", "hello"))
+    assert chat_prompt_ids(tokenizer, "and then?", history) == [1, 2, 3]
+    assert tokenizer.messages == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "and then?"},
+    ]
+    chat_prompt_ids(tokenizer, "alone")
+    assert tokenizer.messages == [{"role": "user", "content": "alone"}]

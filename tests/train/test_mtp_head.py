@@ -11,6 +11,7 @@ import pytest
 
 from mtplx.models import load
 from mtplx.train import mtp_head
+from mtplx.train.head import load_head
 from mtplx.train.prompts import build_prompts
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head
@@ -92,3 +93,41 @@ def test_heldout_prompts_are_disjoint() -> None:
     assert not {p.topic for p in train} & {p.topic for p in heldout}
     assert {p.kind for p in train} == {"question", "instruction", "code", "summary", "list"}
     assert build_prompts(0) == (train, heldout)
+
+
+def test_training_prompt_sources() -> None:
+    templates = mtp_head.training_prompts("templates", 0, 40)
+    assert templates == build_prompts(0, num_train=40)[0]
+    broad = mtp_head.training_prompts("broad", 0, 40)
+    mix = mtp_head.training_prompts("mix", 0, 40)
+    template_kinds = {"question", "instruction", "code", "summary", "list"}
+    assert not {p.kind for p in broad} <= template_kinds
+    assert all(p.text in {t.text for t in templates} for p in mix[3::4])
+    assert [p for i, p in enumerate(mix) if i % 4 != 3] == [
+        p for i, p in enumerate(broad) if i % 4 != 3
+    ]
+
+
+def test_init_starts_from_a_head_and_keeps_its_draft_vocabulary(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    first = _run(checkpoint, tmp_path / "a", "--no-eval")
+    # lr 0: the fine-tuned head is the initial head, whatever --draft-vocab says
+    again = _run(
+        checkpoint, tmp_path / "b", "--no-eval", "--init", str(first), "--lr", "0",
+        "--draft-vocab", "32", "--prompt-source", "mix",
+    )  # fmt: skip
+    a, b = mx.load(str(first)), mx.load(str(again))
+    assert set(a) == set(b) == EXPECTED
+    for name in a:
+        np.testing.assert_array_equal(np.array(a[name]), np.array(b[name]), name)
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert report["init"] == str(first) and report["draft_vocab_size"] == 64
+
+
+def test_load_head_rejects_a_foreign_file(checkpoint: Path, tmp_path: Path) -> None:
+    model = load(checkpoint, mtp_weights=None)
+    bad = tmp_path / "bad.safetensors"
+    mx.save_safetensors(str(bad), {"mtp.draft_vocab": mx.arange(8), "mtp.x": mx.zeros(2)})
+    with pytest.raises(ValueError, match="do not match"):
+        load_head(model.target.trunk, bad)
