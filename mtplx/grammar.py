@@ -138,6 +138,14 @@ class GrammarCompiler:
                 matcher = LLMatcher(tokenizer, check_grammar(spec), log_level=0)
                 if matcher.is_error():
                     raise InvalidParameter(spec.param, matcher.get_error(), code="invalid_value")
+                probe = matcher.deep_copy()
+                probe.compute_bitmask()  # finds out whether any token may start
+                if probe.is_error() or (probe.is_stopped() and not probe.is_accepting()):
+                    # Nothing can start and nothing is complete (`[^\s\S]`, a schema that is
+                    # only its own $ref): no text satisfies it, not even "".
+                    raise InvalidParameter(
+                        spec.param, "the grammar admits no output at all", code="invalid_value"
+                    )
                 self._compiled[spec] = matcher
                 while len(self._compiled) > _CACHE_SIZE:
                     self._compiled.popitem(last=False)

@@ -111,6 +111,19 @@ def test_invalid_schema_and_regex_name_the_problem() -> None:
         GenerationRequest([1], grammar=GrammarSpec("lark", "start: nope"))
 
 
+def test_a_grammar_that_admits_nothing_is_invalid(small_engine: Engine) -> None:
+    compiler = GrammarCompiler(small_engine.tokenizer, SMALL_VOCAB)
+    for spec in (
+        GrammarSpec("regex", r"[^\s\S]", param="mtplx.regex"),
+        GrammarSpec.json_schema({"$ref": "#"}),
+    ):
+        with pytest.raises(InvalidParameter, match="admits no output") as caught:
+            compiler.state(spec, stop_ids={STOP})
+        assert caught.value.param == spec.param
+    empty = compiler.state(GrammarSpec("regex", "", param="mtplx.regex"), stop_ids={STOP})
+    assert set(np.flatnonzero(empty.allowed())) == {STOP}  # "" is an answer: only stop
+
+
 def test_state_masks_stop_tokens_and_rollback(small_engine: Engine) -> None:
     compiler = GrammarCompiler(small_engine.tokenizer, SMALL_VOCAB)
     state = compiler.state(OPEN, stop_ids={STOP, IM_END_ID})
