@@ -121,6 +121,7 @@ def time_steps(engine: Engine, batch_size: int, depths: tuple[int, ...], rounds:
 def time_drafting(engine: Engine, drafter: str, depths: tuple[int, ...], rounds: int = 3):
     """{depth: median seconds} one row spends proposing ``depth`` tokens from ``drafter``."""
     (row,) = _scratch_rows(engine, 1, drafter)
+    engine.time_drafts = True
     try:
         seconds: dict[int, list[float]] = {k: [] for k in depths}
         for _ in range(rounds):
@@ -135,6 +136,7 @@ def time_drafting(engine: Engine, drafter: str, depths: tuple[int, ...], rounds:
                 seconds[depth].append(statistics.median(timings))
         return {k: statistics.median(v) for k, v in seconds.items()}
     finally:
+        engine.time_drafts = False
         engine.abort(row)
 
 

@@ -121,7 +121,9 @@ class Engine:
         self.running: list[Sequence] = []
         self.num_steps = 0
         self.num_step_tokens = 0  # tokens committed by all steps, for /metrics
-        self.last_draft_seconds = 0.0  # the last step's proposing, all rows (calibration)
+        # Calibration times proposing on its own (``time_drafts``): the last step's, all rows.
+        self.time_drafts = False
+        self.last_draft_seconds = 0.0
 
     # -- requests -----------------------------------------------------------------------
 
@@ -325,8 +327,12 @@ class Engine:
                 drafting.remove(sequence)
                 self._fail(sequence, exc, events)
         if drafts:
-            mx.eval([(d.tokens, d.qs) for d in drafts.values()])
-            self.last_draft_seconds = time.perf_counter() - draft_started
+            proposals = [(d.tokens, d.qs) for d in drafts.values()]
+            if self.time_drafts:
+                mx.eval(proposals)
+                self.last_draft_seconds = time.perf_counter() - draft_started
+            else:  # the drafters compute while the forward's graph is built on top of them
+                mx.async_eval(proposals)
         started = time.perf_counter()
         inputs = [plain_input(s) for s in plain]
         for sequence in drafting:
