@@ -233,6 +233,10 @@ def run_bench(
     draft_layers, calibration = _pick_draft_layers(config, loaded, encoded[prompts[0].prompt_id])
     draft = make_layer_skip_draft(loaded, draft_layers) if draft_layers else None
     engine = Engine(loaded, draft_model=draft)
+    if any(m.backend == "ours" and m.depth is None for m in expand_modes(config, engine, {})):
+        # What `mtplx serve` does before its first request: the adaptive policy prices depths
+        # with this machine's measured step costs (cached), not the engine's fallback table.
+        engine.warm_up()
     ggufs = llamacpp_ggufs(config) if "llamacpp" in config.modes else {}
     longest = max(len(ids) for ids in encoded.values()) + config.max_tokens
     llamacpp = {variant: load_llamacpp(path, longest + 16) for variant, path in ggufs.items()}
@@ -249,8 +253,7 @@ def run_bench(
             )
         return run_ours(engine, mode, prompt_ids, sampler, tokens)
 
-    # Warm-up: compiles/allocates each path once and measures the adaptive policy's cycle
-    # costs (one table per kind of sampling), so neither lands in a timed run.
+    # Warm-up: compiles/allocates each path once, so that does not land in a timed run.
     first_ids = encoded[prompts[0].prompt_id]
     for mode in modes:
         for sampler_name in config.samplers:
