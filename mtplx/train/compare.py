@@ -318,12 +318,29 @@ def prompt_texts(kind: str, count: int, seed: int = 0) -> list[str]:
     return texts[:count]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mtplx.train.compare", description=__doc__)
+def add_prompt_set_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model``, ``--head``, ``--prompts``, ``--count``: a target, its head and prompts."""
     parser.add_argument("--model", type=Path, default=None, help="default: SmolLM2-135M")
     parser.add_argument("--head", type=Path, default=None, help="mtp safetensors")
     parser.add_argument("--prompts", choices=PROMPT_SETS, default="benchmarks")
     parser.add_argument("--count", type=int, default=12)
+
+
+def load_prompt_set(args: argparse.Namespace) -> tuple[LoadedModel, list[list[int]]]:
+    """The model of ``add_prompt_set_arguments``' options (with ``--head``) and the chat
+    prompt ids of the first ``--count`` prompts of ``--prompts``."""
+    from mtplx.models import load
+    from mtplx.models.gguf import ensure_default_model
+    from mtplx.train.data import chat_prompt_ids
+
+    model = load(args.model or ensure_default_model(), mtp_weights=args.head)
+    messages = prompt_messages(args.prompts, args.count)
+    return model, [chat_prompt_ids(model.tokenizer, text, turns) for text, turns in messages]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mtplx.train.compare", description=__doc__)
+    add_prompt_set_arguments(parser)
     parser.add_argument("--depth", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument(
@@ -334,14 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    from mtplx.models import load
-    from mtplx.models.gguf import ensure_default_model
-    from mtplx.train.data import chat_prompt_ids
-
-    model = load(args.model or ensure_default_model(), mtp_weights=args.head)
-    prompts = [
-        chat_prompt_ids(model.tokenizer, t, h) for t, h in prompt_messages(args.prompts, args.count)
-    ]
+    model, prompts = load_prompt_set(args)
     report = []
     for depth in args.depth:
         results = [

@@ -95,23 +95,13 @@ def recursive_rejection_sample(
 
 
 def plain_answer(model: LoadedModel, prompt: list[int], config: SamplerConfig, n: int) -> list[int]:
-    """prompt + the target's answer by plain decoding (no drafts; a stop token included)."""
+    """prompt + the target's answer by plain decoding (no drafts; up to a stop token)."""
     from mtplx.engine import Engine
-    from mtplx.request import FinishEvent, GenerationRequest
+    from mtplx.request import GenerationRequest, TokenEvent
 
-    engine = Engine(model)
     request = GenerationRequest(prompt, config, max_tokens=n, depth=0)
-    sequence = engine.add(request)
-    try:
-        while not sequence.finished:
-            for _, event in engine.step():
-                if isinstance(event, BaseException):
-                    raise event
-                if isinstance(event, FinishEvent):
-                    break
-    finally:
-        engine.abort(sequence)
-    return list(sequence.tokens)
+    events = Engine(model).generate(request)
+    return [*prompt, *(e.token_id for e in events if isinstance(e, TokenEvent))]
 
 
 def position_one_distributions(
@@ -208,13 +198,10 @@ def verify_costs(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mtplx.train.compare import PROMPT_SETS, prompt_messages
+    from mtplx.train.compare import add_prompt_set_arguments, load_prompt_set
 
     parser = argparse.ArgumentParser(prog="python -m mtplx.train.multi_draft", description=__doc__)
-    parser.add_argument("--model", type=Path, default=None, help="default: SmolLM2-135M")
-    parser.add_argument("--head", type=Path, default=None, help="mtp safetensors")
-    parser.add_argument("--prompts", choices=PROMPT_SETS, default="benchmarks")
-    parser.add_argument("--count", type=int, default=12)
+    add_prompt_set_arguments(parser)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 0.6])
     parser.add_argument("--top-p", type=float, default=0.95, help="with temperature > 0")
@@ -222,14 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--costs", action="store_true", help="also time verify forwards")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    from mtplx.models import load
-    from mtplx.models.gguf import ensure_default_model
-    from mtplx.train.data import chat_prompt_ids
-
-    model = load(args.model or ensure_default_model(), mtp_weights=args.head)
-    prompts = [
-        chat_prompt_ids(model.tokenizer, t, h) for t, h in prompt_messages(args.prompts, args.count)
-    ]
+    model, prompts = load_prompt_set(args)
     report: dict[str, Any] = {"prompt_set": args.prompts, "estimates": []}
     for temperature in args.temperature:
         config = SamplerConfig(temperature=temperature, top_p=args.top_p if temperature else 1.0)
