@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         return serve_commands.generate(args)
     if args.command == "bench":
         return bench_commands.bench(args, argv)
+    if args.command == "bench-serve" and args.compare_plain:
+        from mtplx.bench import serve_compare
+
+        return serve_compare.main(args)
     if args.command == "bench-serve":
         from mtplx.bench import serve_bench
 

@@ -94,6 +94,22 @@ def add_bench_serve_parser(commands: Any) -> argparse.ArgumentParser:
         "admitted among STREAMS streams (0: skip)",
     )
     p.add_argument("--admission-prompt-tokens", type=int, default=1500)
+    compare = p.add_argument_group(
+        "speculative vs plain (--compare-plain; --max-tokens and --out apply too)"
+    )
+    compare.add_argument(
+        "--compare-plain",
+        action="store_true",
+        help="instead of load levels: each prompt twice, speculative and plain decoding, "
+        "in alternating order; per-pair decode speed ratios and acceptance",
+    )
+    compare.add_argument("--temperatures", default="0,0.6", help="comma-separated")
+    compare.add_argument("--repeats", type=int, default=2)
+    compare.add_argument("--categories", type=_csv, default=["chat"], help="prompt files")
+    compare.add_argument("--prompts-per-category", type=int)
+    compare.add_argument("--prompt-dir", type=Path, help="directory of <category>.jsonl files")
+    compare.add_argument("--drafter", help="the speculative side's drafter (default: the server's)")
+    compare.add_argument("--depth", type=int, help="its draft depth (default: the server's)")
     return p
 
 

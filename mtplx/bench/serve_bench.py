@@ -30,13 +30,23 @@ from mtplx.bench.prompts import DEFAULT_PROMPT_DIR, load_prompts
 
 @dataclass
 class RequestResult:
-    """One streamed request: seconds to first content and to the end, tokens, error."""
+    """One streamed request: seconds to first content, to the last content and to the end,
+    tokens, the text, the reply's ``"mtplx"`` block, error."""
 
     ttft: float = math.nan
+    last_content: float = math.nan
     latency: float = math.nan
     tokens: int = 0
     engine_s: float = math.nan  # the engine's prefill + draft + verify seconds
+    text: str = ""
+    mtplx: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first over the seconds after the first content (NaN: too few)."""
+        seconds = self.last_content - self.ttft
+        return (self.tokens - 1) / seconds if self.tokens > 1 and seconds > 0 else math.nan
 
 
 @dataclass
@@ -86,13 +96,17 @@ async def stream_one(client: httpx.AsyncClient, body: dict[str, Any]) -> Request
                 if "error" in chunk:
                     result.error = str(chunk["error"])[:200]
                 for choice in chunk.get("choices", []):
-                    if choice.get("delta", {}).get("content") and math.isnan(result.ttft):
-                        result.ttft = time.perf_counter() - started
+                    if content := choice.get("delta", {}).get("content"):
+                        result.last_content = time.perf_counter() - started
+                        if math.isnan(result.ttft):
+                            result.ttft = result.last_content
+                        result.text += content
                 if chunk.get("usage"):
                     result.tokens = int(chunk["usage"].get("completion_tokens", 0))
                 engine = chunk.get("mtplx") or {}
                 if "verify_s" in engine:
                     result.engine_s = sum(engine[k] for k in ("prefill_s", "draft_s", "verify_s"))
+                    result.mtplx = engine
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:200]
     result.latency = time.perf_counter() - started
