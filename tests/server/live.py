@@ -36,9 +36,12 @@ def live_server(checkpoint: Path | None, log: Path, *args: str) -> Iterator[str]
 
 
 @contextmanager
-def live_servers(checkpoint: Path | None, logs: list[Path], *args: str) -> Iterator[list[str]]:
+def live_servers(
+    checkpoint: Path | None, logs: list[Path], *args: str, healthy_within: float = 60
+) -> Iterator[list[str]]:
     """One server per log file, all started at once (they load their models in parallel);
-    yields their base URLs once every one answers /health with 200."""
+    yields their base URLs once every one answers /health with 200 (each within
+    ``healthy_within`` seconds)."""
     processes: list[subprocess.Popen[bytes]] = []
     try:
         urls = []
@@ -47,7 +50,7 @@ def live_servers(checkpoint: Path | None, logs: list[Path], *args: str) -> Itera
             processes.append(process)
             urls.append(url)
         for process, url, log in zip(processes, urls, logs, strict=True):
-            _wait_healthy(process, url, log)
+            _wait_healthy(process, url, log, healthy_within)
         yield urls
     finally:
         _stop(processes)

@@ -150,7 +150,11 @@ def replicas(logs: Path) -> Iterator[list[str]]:
     """Two replicas as the compose file runs them (the CPU preset, a key, queue 16)."""
     args = ["--config", str(ROOT / "configs" / "cpu-small.yaml"), "--api-key", KEY]
     args += ["--max-queue", "16", "--served-model-name", MODEL, "--log-level", "warning"]
-    with live_servers(None, [logs / "replica1.log", logs / "replica2.log"], *args) as urls:
+    # The default model's servers calibrate their step costs at start-up unless this machine
+    # has them cached (a new head or checkout changes the key): two at once on 2 cores take
+    # minutes.
+    replica_logs = [logs / "replica1.log", logs / "replica2.log"]
+    with live_servers(None, replica_logs, *args, healthy_within=600) as urls:
         yield urls
 
 
