@@ -121,6 +121,8 @@ def summarize(pairs: list[Pair]) -> list[Summary]:
             if p.speculative.error is None and p.plain.error is None and not math.isnan(p.ratio)
         ]
         ratios = [p.ratio for p in good] or [math.nan]
+        speculative_rate = _rate([p.speculative for p in good])
+        plain_rate = _rate([p.plain for p in good])
         summaries.append(
             Summary(
                 temperature=temperature,
@@ -130,10 +132,9 @@ def summarize(pairs: list[Pair]) -> list[Summary]:
                 ratio_median=statistics.median(ratios),
                 ratio_min=min(ratios),
                 ratio_max=max(ratios),
-                aggregate_ratio=_rate([p.speculative for p in good])
-                / _rate([p.plain for p in good]),
-                speculative_tokens_per_s=_rate([p.speculative for p in good]),
-                plain_tokens_per_s=_rate([p.plain for p in good]),
+                aggregate_ratio=speculative_rate / plain_rate,
+                speculative_tokens_per_s=speculative_rate,
+                plain_tokens_per_s=plain_rate,
                 acceptance_per_position=_acceptance([p.speculative for p in good]),
                 mean_acceptance_length=_acceptance_length([p.speculative for p in good]),
                 same_text=sum(p.speculative.text == p.plain.text for p in good),
