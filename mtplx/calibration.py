@@ -11,7 +11,12 @@ noise in one depth can then neither make it look cheaper than a shallower one no
 deeper one look free. Each model drafter's proposing time is timed directly, alone.
 
 The result is cached per model, machine and code version under ``$MTPLX_HOME/calibration``,
-so a restart loads it instead of measuring again.
+so a restart loads it instead of measuring again. A calibration is only as good as the quiet
+it was measured in, so two guards keep a bad one from living on: one measured while other
+processes kept a large share of the CPUs busy serves its own run but is not cached, and a
+cached one is checked at load against a fresh timing of the plain step (a few steps, ~1 s)
+and measured again when a quiet machine no longer matches it (another BLAS, CPU frequency or
+host).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -28,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
+from mtplx import host_load
 from mtplx.drafters.base import DraftSampler
 from mtplx.drafters.ngram import NgramDrafter, find_continuation, one_hot_proposals
 from mtplx.planner import StepCosts
@@ -44,6 +51,13 @@ CALIBRATION_VERSION = 2  # bump when what is measured changes
 BATCH_SIZES = (1, 4, 8, 16)
 DEPTHS = (1, 2, 4)
 MODEL_DRAFTERS = ("mtp", "draft_model")
+# Other processes' share of the CPUs above which a calibration is not cached: on a shared
+# 2-core host a second process calibrating at the same time doubled every step.
+MAX_BACKGROUND_LOAD = 0.25
+# A cached calibration is measured again when the plain step timed at load differs from its
+# own by more than this factor (either way); one calibration's batch-1 plain step scatters
+# by ~10% on a quiet machine, one taken under load by 2x.
+MAX_DRIFT = 1.3
 
 
 class ScratchLookup(NgramDrafter):
@@ -213,18 +227,59 @@ def _cpu_model() -> str:
     return "unknown"
 
 
-def load_or_calibrate(engine: Engine) -> StepCosts:
-    """The cached calibration of ``engine``, or a new one (then cached)."""
-    path = _cache_path(engine)
+def plain_step_seconds(engine: Engine, rounds: int = 3) -> float:
+    """The median seconds of a plain step of one scratch row, timed as ``calibrate`` does."""
+    return time_steps(engine, 1, (0,), rounds)[0]
+
+
+def _read_cache(path: Path) -> StepCosts | None:
     try:
-        data = json.loads(path.read_text())
-        costs = StepCosts(**data)
-        logger.info("step costs loaded from %s", path)
-        return costs
+        return StepCosts(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
-        pass
-    started = time.perf_counter()
+        return None
+
+
+def _still_fits(engine: Engine, cached: StepCosts, path: Path) -> bool:
+    """Whether ``cached`` still describes the machine: its plain step is within
+    ``MAX_DRIFT`` of one timed now, or the timing was taken under load (a busy spell slows
+    every step alike, so the quiet machine's costs still price depths against each other,
+    and measuring again would take minutes of the busy machine and not be cached)."""
+    cpu_before = host_load.snapshot()
+    measured = plain_step_seconds(engine)
+    load = host_load.background_load(cpu_before, host_load.snapshot())
+    drift = measured / cached.plain[0] if cached.plain and cached.plain[0] > 0 else math.inf
+    if 1 / MAX_DRIFT <= drift <= MAX_DRIFT:
+        return True
+    cached_ms = cached.plain[0] * 1e3 if cached.plain else math.nan
+    if load is not None and load > MAX_BACKGROUND_LOAD:
+        logger.warning(
+            "a plain step takes %.1f ms now, %.1f ms in the cached calibration, while other "
+            "processes keep %.0f%% of the CPUs busy: keeping the cached one",
+            measured * 1e3,
+            cached_ms,
+            load * 100,
+        )
+        return True
+    logger.warning(
+        "a plain step takes %.1f ms now, the cached calibration %s says %.1f ms: measuring again",
+        measured * 1e3,
+        path,
+        cached_ms,
+    )
+    return False
+
+
+def load_or_calibrate(engine: Engine) -> StepCosts:
+    """The cached calibration of ``engine`` while the machine still matches it, or a new one
+    (then cached, unless other processes loaded the machine while it was measured)."""
+    path = _cache_path(engine)
+    cached = _read_cache(path)
+    if cached is not None and _still_fits(engine, cached, path):
+        logger.info("step costs loaded from %s", path)
+        return cached
+    started, cpu_before = time.perf_counter(), host_load.snapshot()
     costs = calibrate(engine)
+    load = host_load.background_load(cpu_before, host_load.snapshot())
     logger.info(
         "step costs measured in %.1f s: plain %s ms, per token %s ms, drafting %s",
         time.perf_counter() - started,
@@ -232,6 +287,13 @@ def load_or_calibrate(engine: Engine) -> StepCosts:
         [round(c * 1e3, 1) for c in costs.per_token],
         {k: [round(c * 1e3, 1) for c in v] for k, v in costs.drafting.items()},
     )
+    if load is not None and load > MAX_BACKGROUND_LOAD:
+        logger.warning(
+            "other processes kept %.0f%% of the CPUs busy while the step costs were measured: "
+            "they serve this run but are not cached",
+            load * 100,
+        )
+        return costs
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

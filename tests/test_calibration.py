@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,6 +13,7 @@ from mtplx.calibration import ScratchLookup, calibrate, load_or_calibrate, time_
 from mtplx.drafters.base import DraftSampler
 from mtplx.engine import Engine
 from mtplx.models import load
+from mtplx.planner import StepCosts
 from mtplx.sampling import SamplerConfig
 from tests.fixtures.checkpoints import build_checkpoint
 
@@ -85,7 +87,86 @@ def test_calibration_is_cached_per_model_and_machine(
         return real(engine, rounds=1)
 
     monkeypatch.setattr(calibration, "calibrate", counting)
+    monkeypatch.setattr(calibration.host_load, "background_load", lambda start, end: 0.0)
     first = load_or_calibrate(engine)
+    monkeypatch.setattr(calibration, "plain_step_seconds", lambda engine: first.plain[0])
     second = load_or_calibrate(engine)
     assert measured == [1] and second == first
     assert list((tmp_path / "calibration").glob("*.json"))
+
+
+def _counting_calibrate(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    measured: list[int] = []
+    real = calibration.calibrate
+
+    def counting(engine: Engine, rounds: int = 3):  # type: ignore[no-untyped-def]
+        measured.append(1)
+        return real(engine, rounds=1)
+
+    monkeypatch.setattr(calibration, "calibrate", counting)
+    return measured
+
+
+def test_a_calibration_under_load_serves_its_run_but_is_not_cached(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MTPLX_HOME", str(tmp_path))
+    measured = _counting_calibrate(monkeypatch)
+    monkeypatch.setattr(calibration.host_load, "background_load", lambda start, end: 0.6)
+    costs = load_or_calibrate(engine)
+    assert measured == [1] and costs.plain
+    assert not list(tmp_path.glob("calibration/*.json"))
+    load_or_calibrate(engine)  # nothing cached: measured again
+    assert measured == [1, 1]
+    monkeypatch.setattr(calibration.host_load, "background_load", lambda start, end: 0.1)
+    load_or_calibrate(engine)
+    assert list(tmp_path.glob("calibration/*.json"))
+
+
+def test_a_cached_calibration_the_machine_no_longer_matches_is_measured_again(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MTPLX_HOME", str(tmp_path))
+    measured = _counting_calibrate(monkeypatch)
+    monkeypatch.setattr(calibration.host_load, "background_load", lambda start, end: 0.0)
+    first = load_or_calibrate(engine)
+    (path,) = tmp_path.glob("calibration/*.json")
+    # a plain step as slow as under load: the cache no longer fits the machine
+    stale = StepCosts(**{**first.to_dict(), "plain": [c * 100 for c in first.plain]})
+    path.write_text(json.dumps(stale.to_dict()))
+    fresh = load_or_calibrate(engine)
+    assert measured == [1, 1] and fresh.plain[0] < stale.plain[0] / 10
+    assert json.loads(path.read_text())["plain"] == fresh.plain  # the new one is cached
+    # within the drift a cached calibration is kept, however the check's timing falls
+    for factor in (1 / calibration.MAX_DRIFT * 1.01, 1.0, calibration.MAX_DRIFT * 0.99):
+        monkeypatch.setattr(
+            calibration, "plain_step_seconds", lambda engine, factor=factor: fresh.plain[0] * factor
+        )
+        assert load_or_calibrate(engine) == fresh
+    assert measured == [1, 1]
+    monkeypatch.setattr(
+        calibration,
+        "plain_step_seconds",
+        lambda engine: fresh.plain[0] * calibration.MAX_DRIFT * 1.01,
+    )
+    load_or_calibrate(engine)
+    assert measured == [1, 1, 1]
+
+
+def test_the_drift_check_times_a_plain_step(engine: Engine) -> None:
+    seconds = calibration.plain_step_seconds(engine, rounds=1)
+    assert seconds > 0 and not engine.running
+
+
+def test_a_drift_seen_under_load_keeps_the_cached_calibration(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MTPLX_HOME", str(tmp_path))
+    measured = _counting_calibrate(monkeypatch)
+    monkeypatch.setattr(calibration.host_load, "background_load", lambda start, end: 0.0)
+    first = load_or_calibrate(engine)
+    slow = first.plain[0] * calibration.MAX_DRIFT * 2
+    monkeypatch.setattr(calibration, "plain_step_seconds", lambda engine: slow)
+    monkeypatch.setattr(calibration.host_load, "background_load", lambda start, end: 0.5)
+    assert load_or_calibrate(engine) == first  # a busy spell, not another machine
+    assert measured == [1]
