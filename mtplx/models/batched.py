@@ -34,6 +34,7 @@ from mlx_lm.models.activations import swiglu
 
 from mtplx.blas_shim import INVARIANT_MAX_ROWS
 from mtplx.models.base import TargetModel
+from mtplx.models.compiled_layer import CompiledLayer
 from mtplx.models.per_row import PerRowTarget
 from mtplx.models.rows import BatchedTarget, Row, RowOutput, logits_per_row
 
@@ -82,6 +83,8 @@ class _Group:
     to_packed: mx.array  # [end - start] int32: padded index of each of the group's tokens
     write_at: mx.array  # [R * kv * T] int32: flat (slot, head, position) index in the store
     mask: mx.array  # [R, 1, T, L] bool: key j visible to query t of row r
+    # [R, 1, 1, T, C] bool: the same over the store's whole capacity C (compiled layers)
+    visible: mx.array | None = None
 
 
 @dataclass
@@ -197,6 +200,7 @@ class SlotTarget:
         self._query_block = max(INVARIANT_MAX_ROWS // repeats, 1)
         self.max_prefill_tokens = INVARIANT_MAX_ROWS
         self._fused = [_fuse(layer) for layer in self.trunk.inner.layers]
+        self._compiled = CompiledLayer.for_trunk(list(self.trunk.inner.layers), self._fused)
 
     # -- rows ---------------------------------------------------------------------------
 
@@ -339,6 +343,9 @@ class SlotTarget:
     def _layers(self, x: mx.array, groups: list[_Group], positions: mx.array) -> mx.array:
         """This target's layers (all of the trunk's, or a pipeline stage's): [1, N, H] ->
         [1, N, H]."""
+        compiled = self._compiled
+        if compiled is not None and all(g.visible is not None for g in groups):
+            return self._compiled_layers(compiled, x, groups, positions)
         for layer, store, fused in zip(
             self.trunk.inner.layers, self._stores, self._fused, strict=True
         ):
@@ -346,6 +353,42 @@ class SlotTarget:
                 layer.self_attn, layer.input_layernorm(x), store, groups, positions, fused
             )
             x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), fused)
+        return x
+
+    def _compiled_layers(
+        self, compiled: CompiledLayer, x: mx.array, groups: list[_Group], positions: mx.array
+    ) -> mx.array:
+        """``_layers`` through the compiled pieces (``mtplx.models.compiled_layer``): the same
+        ops, the same bits, a third of the graph-building time."""
+        for layer, store, fused in zip(
+            self.trunk.inner.layers, self._stores, self._fused, strict=True
+        ):
+            attn, norm = layer.self_attn, layer.input_layernorm
+            queries_all, keys_all, values_all = compiled.project(
+                x, norm.weight, fused.qkv, positions, norm.eps
+            )
+            attended = []
+            for group in groups:
+                self._write_group(store, group, keys_all, values_all, attn.n_kv_heads)
+                window = slice(group.first_slot, group.first_slot + group.num_slots)
+                out = compiled.attend(
+                    _padded(queries_all, group, attn.n_heads),
+                    store.keys[window].transpose(0, 1, 3, 2),  # [R, kv, d, C]
+                    store.values[window],  # [R, kv, C, d+1]
+                    group.visible,
+                    attn.scale,
+                )
+                attended.append(out[group.to_packed])
+            norm = layer.post_attention_layernorm
+            x = compiled.finish(
+                x,
+                mx.concatenate(attended) if len(attended) > 1 else attended[0],
+                attn.o_proj.weight,
+                norm.weight,
+                fused.gate_up,
+                layer.mlp.down_proj.weight,
+                norm.eps,
+            )
         return x
 
     def _keep_hidden(self, rows: list[SlotRow], counts: list[int], hidden: mx.array) -> None:
@@ -413,6 +456,10 @@ class SlotTarget:
         key_length = max(lengths) + max_tokens
         query_end = offsets[:, None] + mx.arange(max_tokens)[None, :]  # [R, T]
         mask = mx.arange(key_length)[None, None, :] <= query_end[:, :, None]  # [R, T, L]
+        visible = None
+        if self._compiled is not None and max_tokens <= self._query_block:
+            visible = mx.arange(self._capacity)[None, None, :] <= query_end[:, :, None]
+            visible = visible[:, None, None]  # [R, 1, 1, T, C]
         return _Group(
             first_slot=first,
             num_slots=num_slots,
@@ -425,6 +472,7 @@ class SlotTarget:
             to_packed=mx.array(to_packed, mx.int32),
             write_at=mx.array(write_at, mx.int32),
             mask=mask[:, None],
+            visible=visible,
         )
 
     def _ensure_capacity(self, positions: int) -> None:
@@ -500,6 +548,30 @@ class SlotTarget:
         ]
         return attn.o_proj((mx.concatenate(attended) if len(attended) > 1 else attended[0])[None])
 
+    @staticmethod
+    def _write_group(
+        store: _SlotStore,
+        group: _Group,
+        keys_all: mx.array,
+        values_all: mx.array,
+        kv_heads: int,
+    ) -> None:
+        """Write a group's new keys and values ([N, kv, 1, d] of every packed token) at each
+        row's positions (pads too: past the row's length, so never read). The store is updated
+        in place (MLX donates its buffer) as long as nothing else holds it."""
+        keys = _padded(keys_all, group, kv_heads)
+        values = _padded(values_all, group, kv_heads)
+        # Values carry a constant 1 as their last feature, so one product gives both the
+        # weighted sum and the softmax's normaliser: a one-column product (the normaliser on
+        # its own) is a matrix-vector call that bypasses the invariant kernel.
+        values = mx.concatenate([values, mx.ones((*values.shape[:-1], 1), values.dtype)], -1)
+        for name, new in (("keys", keys), ("values", values)):
+            stored = getattr(store, name)
+            width = stored.shape[-1]
+            flat = stored.reshape(-1, width)
+            flat[group.write_at] = new.reshape(-1, width)  # [R, kv, T, w]: write_at's order
+            setattr(store, name, flat.reshape(stored.shape))
+
     def _group_attention(
         self,
         attn: Any,
@@ -515,29 +587,10 @@ class SlotTarget:
         heads, kv_heads = attn.n_heads, attn.n_kv_heads
         repeats = heads // kv_heads
 
-        def padded(projected: mx.array, num_heads: int) -> mx.array:
-            # [N, heads, 1, d] -> [R, heads, T, d]
-            spread = projected[group.to_padded]
-            return spread.reshape(rows, tokens, num_heads, -1).transpose(0, 2, 1, 3)
-
-        queries = padded(queries_all, heads)
-        keys = padded(keys_all, kv_heads)
-        values = padded(values_all, kv_heads)
-        head_dim = keys.shape[-1]
-        # Values carry a constant 1 as their last feature, so one product gives both the
-        # weighted sum and the softmax's normaliser: a one-column product (the normaliser on
-        # its own) is a matrix-vector call that bypasses the invariant kernel.
-        values = mx.concatenate([values, mx.ones((*values.shape[:-1], 1), values.dtype)], -1)
-
-        # Write the new keys and values at each row's positions (pads too: past the row's
-        # length, so never read), then read slots [first, first + R) up to L. The store is
-        # updated in place (MLX donates its buffer) as long as nothing else holds it.
-        for name, new in (("keys", keys), ("values", values)):
-            stored = getattr(store, name)
-            width = stored.shape[-1]
-            flat = stored.reshape(-1, width)
-            flat[group.write_at] = new.reshape(-1, width)  # [R, kv, T, w]: write_at's order
-            setattr(store, name, flat.reshape(stored.shape))
+        queries = _padded(queries_all, group, heads)
+        head_dim = queries.shape[-1]
+        self._write_group(store, group, keys_all, values_all, kv_heads)
+        # Read slots [first, first + R) up to L.
         window = slice(group.first_slot, group.first_slot + rows)
         all_keys = store.keys[window, :, :keys_len].transpose(0, 1, 3, 2)  # [R, kv, d, L]
         all_values = store.values[window, :, :keys_len]  # [R, kv, L, d+1]
@@ -562,6 +615,13 @@ class SlotTarget:
         attended = mx.concatenate(blocks, axis=2) if len(blocks) > 1 else blocks[0]
         attended = attended.transpose(0, 2, 1, 3)  # [R, T, heads, d]
         return attended.reshape(rows * tokens, heads * head_dim)[group.to_packed]
+
+
+def _padded(projected: mx.array, group: _Group, num_heads: int) -> mx.array:
+    """A group's share of packed projections in its padded layout: [N, heads, 1, d] ->
+    [R, heads, T, d] (pads repeat the group's first token)."""
+    spread = projected[group.to_padded]
+    return spread.reshape(group.num_slots, group.max_tokens, num_heads, -1).transpose(0, 2, 1, 3)
 
 
 def packed_positions(rows: Sequence[SlotRow], counts: Sequence[int]) -> mx.array:

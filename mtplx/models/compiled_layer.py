@@ -1,0 +1,165 @@
+"""A llama decoder layer's pieces for ``SlotTarget``, compiled with ``mx.compile``.
+
+Building a forward's graph in Python costs ~10 ms on the default model (30 layers of ~40
+MLX ops each). A plain step hides it behind the previous step's compute (the next forward
+is queued before the current token is read); a drafting step cannot, since it must read its
+verdict before it can build the next forward, so the build is most of what a drafting cycle
+costs over a plain one on a CPU. Compiled, each layer is three calls instead of ~40 ops:
+
+- ``project``: input norm, the fused q/k/v product, RoPE -> queries, keys, values;
+- ``attend``: a group's scores, mask, softmax and ``@ [V | 1]`` over the KV store;
+- ``finish``: o_proj, residual, post-attention norm, fused gate/up, SwiGLU, down, residual.
+
+Writing the new keys and values into the store stays outside (MLX updates the store in
+place only when nothing else holds it; a compiled function would copy it every layer).
+
+Exactness: the pieces are the uncompiled path's ops in the same order, and MLX's elementwise
+fusion changes no bits (``tests/test_models_compiled_layer.py`` compares logits bitwise).
+``attend`` runs over the store's whole capacity (a multiple of ``KV_STEP``), not a group's
+key length: keys past a row's length get -inf scores and zero weights, trailing zeros that
+the invariant kernel adds as +0.0 (``mtplx/blas_invariant.c``), so the bits are those of the
+shorter product while the traced shapes change only when the store grows. A trace is kept
+per input shape (rows, tokens, capacity).
+
+Cold start: MLX builds the fused CPU kernels with the system compiler on first use (~20 s
+on the default model, cached by MLX under the temp directory; well under 1 s on the next
+start). ``Engine.warm_up`` runs before the calibration times anything, and the calibration
+steps every shape it times before timing it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.activations import swiglu
+
+logger = logging.getLogger(__name__)
+
+
+def _same_rope(a: Any, b: Any) -> bool:
+    """Whether two RoPE modules compute the same function (type, settings, tables)."""
+    if type(a) is not type(b):
+        return False
+    settings_a, settings_b = vars(a), vars(b)
+    if settings_a.keys() != settings_b.keys():
+        return False
+    for key, value in settings_a.items():
+        other = settings_b[key]
+        if isinstance(value, mx.array) or isinstance(other, mx.array):
+            if not (
+                isinstance(value, mx.array)
+                and isinstance(other, mx.array)
+                and value.shape == other.shape
+                and mx.array_equal(value, other).item()
+            ):
+                return False
+        elif value != other:
+            return False
+    return True
+
+
+def _plain_linear(module: Any) -> bool:
+    return type(module) is nn.Linear and "bias" not in module
+
+
+def _compile_works() -> bool:
+    """Whether ``mx.compile`` can build and run a fused kernel here (it needs the system C++
+    compiler on CPUs)."""
+    try:
+        probe = mx.compile(lambda a: mx.exp(a * 2.0) + 1.0)
+        mx.eval(probe(mx.zeros((2,))))
+        return True
+    except Exception:  # no compiler, an unwritable kernel cache: the uncompiled path is exact
+        logger.warning("mx.compile is unavailable; forwards build every op", exc_info=True)
+        return False
+
+
+class CompiledLayer:
+    """The compiled pieces of one trunk's layers (they share shapes, so one trace serves all
+    layers). Use ``for_trunk``: it returns None for layers these pieces do not describe."""
+
+    def __init__(self, attention: Any, q_size: int, kv_size: int, intermediate: int) -> None:
+        heads, kv_heads = attention.n_heads, attention.n_kv_heads
+        repeats = heads // kv_heads
+        k_end = q_size + kv_size
+        rope = attention.rope
+
+        def project(
+            x: mx.array, norm: mx.array, qkv_weight: mx.array, positions: mx.array, eps: float
+        ) -> tuple[mx.array, mx.array, mx.array]:
+            # x [1, N, H] -> queries [N, heads, 1, d], keys and values [N, kv, 1, d]
+            qkv = (mx.fast.rms_norm(x, norm, eps) @ qkv_weight.T)[0]
+            n = qkv.shape[0]
+            roped = rope(qkv[:, :k_end].reshape(n, heads + kv_heads, 1, -1), offset=positions)
+            return roped[:, :heads], roped[:, heads:], qkv[:, k_end:].reshape(n, kv_heads, 1, -1)
+
+        def attend(
+            queries: mx.array,
+            keys: mx.array,
+            values: mx.array,
+            visible: mx.array,
+            scale: float,
+        ) -> mx.array:
+            # queries [R, heads, T, d], keys [R, kv, d, C], values [R, kv, C, d+1],
+            # visible [R, 1, 1, T, C] -> [R * T, heads * d]
+            rows, _, tokens, head_dim = queries.shape
+            capacity = keys.shape[-1]
+            grouped = (queries * scale).reshape(rows, kv_heads, repeats * tokens, head_dim)
+            scores = (grouped @ keys).reshape(rows, kv_heads, repeats, tokens, capacity)
+            scores = mx.where(visible, scores, -mx.inf)
+            weights = mx.exp(scores - mx.max(scores, axis=-1, keepdims=True))
+            summed = weights.reshape(rows, kv_heads, repeats * tokens, capacity) @ values
+            attended = summed[..., :head_dim] / summed[..., head_dim:]
+            attended = attended.reshape(rows, heads, tokens, head_dim).transpose(0, 2, 1, 3)
+            return attended.reshape(rows * tokens, heads * head_dim)
+
+        def finish(
+            x: mx.array,
+            attended: mx.array,
+            o_weight: mx.array,
+            norm: mx.array,
+            gate_up_weight: mx.array,
+            down_weight: mx.array,
+            eps: float,
+        ) -> mx.array:
+            # x [1, N, H], attended [N, heads * d] -> [1, N, H]
+            x = x + attended[None] @ o_weight.T
+            gate_up = mx.fast.rms_norm(x, norm, eps) @ gate_up_weight.T
+            gated = swiglu(gate_up[..., :intermediate], gate_up[..., intermediate:])
+            return x + gated @ down_weight.T
+
+        self.project: Callable[..., tuple[mx.array, mx.array, mx.array]] = mx.compile(project)
+        self.attend: Callable[..., mx.array] = mx.compile(attend)
+        self.finish: Callable[..., mx.array] = mx.compile(finish)
+
+    @classmethod
+    def for_trunk(cls, layers: list[Any], fused: list[Any]) -> CompiledLayer | None:
+        """The compiled pieces for ``layers`` (with their fused projections), or None unless
+        every layer is mlx-lm's llama layer as the pieces spell it: fused q/k/v and gate/up
+        without biases, RMS norms, bias-free o_proj and down_proj, one RoPE."""
+        if not layers or any(f is None for f in fused):
+            return None
+        first = layers[0].self_attn
+        for layer, projections in zip(layers, fused, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            if (
+                projections.qkv_bias is not None
+                or projections.gate_up_bias is not None
+                or type(layer.input_layernorm) is not nn.RMSNorm
+                or type(layer.post_attention_layernorm) is not nn.RMSNorm
+                or not _plain_linear(attn.o_proj)
+                or not _plain_linear(mlp.down_proj)
+                or (attn.n_heads, attn.n_kv_heads) != (first.n_heads, first.n_kv_heads)
+                or not _same_rope(attn.rope, first.rope)
+                or projections.q_size != fused[0].q_size
+                or projections.kv_size != fused[0].kv_size
+                or projections.intermediate != fused[0].intermediate
+            ):
+                return None
+        if not _compile_works():
+            return None
+        return cls(first, fused[0].q_size, fused[0].kv_size, fused[0].intermediate)

@@ -1,0 +1,108 @@
+"""Compiled layer pieces of the slot target: the same bits as the uncompiled path, used where
+they describe the layers, and left out where they do not."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from mtplx.models import load
+from mtplx.models.batched import SlotTarget
+from mtplx.models.compiled_layer import CompiledLayer
+from tests.fixtures.checkpoints import build_checkpoint
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory):
+    directory = tmp_path_factory.mktemp("compiled_layer")
+    build_checkpoint("llama_mtp", directory)
+    return load(directory)
+
+
+def _tokens(seed: int, length: int) -> list[int]:
+    return [(5 + 7 * seed + 13 * j * j) % 250 + 3 for j in range(length)]
+
+
+# (row, tokens) fed per forward: prefill chunks below and above the query block (the latter
+# take the uncompiled path), verify rows of 1-6 tokens beside each other and beside a chunk,
+# a row past the store's first capacity step (the compiled attention's shape changes).
+PLAN: list[list[tuple[int, list[int]]]] = [
+    [(0, _tokens(0, 30))],
+    [(1, _tokens(1, 90))],
+    [(0, [3]), (1, [4, 5])],
+    [(0, [6, 7, 8]), (1, [9]), (2, _tokens(2, 13))],
+    [(2, [1, 2, 3, 4, 5, 6])],
+    [(1, _tokens(3, 200))],
+    [(0, [11]), (1, [12]), (2, [13, 14])],
+    [(3, [1])],
+    [(0, [2]), (3, [3, 4])],
+]
+
+
+def _run(target: SlotTarget) -> list[list[tuple[mx.array, mx.array]]]:
+    rows = [target.new_row() for _ in range(4)]
+    outputs = []
+    for step in PLAN:
+        out = target.forward(
+            [rows[i] for i, _ in step], [mx.array(t, mx.int32) for _, t in step], "all"
+        )
+        mx.eval([(o.logits, o.hidden) for o in out])
+        outputs.append([(o.logits, o.hidden) for o in out])
+    return outputs
+
+
+def test_compiled_forwards_give_the_uncompiled_bits(model, monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled = SlotTarget(model.target, max_rows=8)
+    assert compiled._compiled is not None  # the fixture is the default model's family
+    calls = []
+    attend = compiled._compiled.attend
+    monkeypatch.setattr(
+        compiled._compiled, "attend", lambda *a: calls.append(a[1].shape[-1]) or attend(*a)
+    )
+    plain = SlotTarget(model.target, max_rows=8)
+    plain._compiled = None
+    expected, got = _run(plain), _run(compiled)
+    for step, (want, have) in enumerate(zip(expected, got, strict=True)):
+        for (logits, hidden), (logits2, hidden2) in zip(want, have, strict=True):
+            assert mx.array_equal(logits, logits2).item(), step
+            assert mx.array_equal(hidden, hidden2).item(), step
+    # the compiled attention ran, over the store's capacity (256, then 512 after the 200)
+    assert calls and set(calls) == {256, 512}
+
+
+def _like(layer: Any, **attention: Any) -> SimpleNamespace:
+    """A stand-in for ``layer`` with what ``for_trunk`` reads, attention parts replaced."""
+    attn = layer.self_attn
+    parts = {name: getattr(attn, name) for name in ("n_heads", "n_kv_heads", "o_proj", "rope")}
+    return SimpleNamespace(
+        self_attn=SimpleNamespace(**{**parts, **attention}),
+        mlp=layer.mlp,
+        input_layernorm=layer.input_layernorm,
+        post_attention_layernorm=layer.post_attention_layernorm,
+    )
+
+
+def test_layers_the_pieces_do_not_describe_keep_the_uncompiled_path(model) -> None:
+    target = SlotTarget(model.target, max_rows=2)
+    layers = [_like(layer) for layer in target.trunk.inner.layers]
+    fused = list(target._fused)
+    assert CompiledLayer.for_trunk(layers, fused) is not None  # the stand-ins themselves pass
+
+    out, hidden = fused[0].qkv.shape[0], fused[0].qkv.shape[1]
+    changed = {
+        "a biased o_proj": (-1, {"o_proj": nn.Linear(hidden, hidden, bias=True)}),
+        "another RoPE": (0, {"rope": nn.RoPE(8, base=1234.0)}),
+        "other head counts": (1, {"n_kv_heads": layers[1].self_attn.n_heads}),
+    }
+    for what, (index, attention) in changed.items():
+        variant = list(layers)
+        variant[index] = _like(target.trunk.inner.layers[index], **attention)
+        assert CompiledLayer.for_trunk(variant, fused) is None, what
+    assert CompiledLayer.for_trunk(layers, [None, *fused[1:]]) is None  # unfused (quantised)
+    biased = replace(fused[-1], qkv_bias=mx.zeros((out,)))
+    assert CompiledLayer.for_trunk(layers, [*fused[:-1], biased]) is None
