@@ -113,6 +113,8 @@ class PipelineTarget(SlotTarget):
     """Rank 0's batched target: embedding, its own stage of layers, the final norm and the
     LM head; the other stages run on the workers (see the module docstring)."""
 
+    trims_lazily = False  # the workers get each row's length as a number in every message
+
     def __init__(
         self,
         target: Any,

@@ -11,6 +11,10 @@ a sequence. One step (``step``), nano-vllm style:
     accept    per row: the exact rule (verify), then commit / roll back by its own length
     emit      per row: token events, stop rules, finish; finished rows leave the batch
 
+Plain rows and MTP drafting rows run one step ahead: their forward is queued before the
+previous one's result is read (``mtplx.speculative``), so building a step's graph overlaps
+the previous step's compute.
+
 ``generate`` runs one request alone through the same step loop (batch size 1).
 """
 
@@ -40,10 +44,14 @@ from mtplx.speculative import (
     CycleResult,
     Draft,
     close_ahead,
+    close_queued,
     commit,
+    commits_lazily,
     cycle_uniforms,
+    last_committed,
     plain_input,
     propose,
+    queue_draft,
     queue_plain_rows,
     verify,
 )
@@ -222,6 +230,7 @@ class Engine:
         """Drop ``sequence`` from the batch (cancelled, failed or finished)."""
         sequence.finished = True
         sequence.ahead = None
+        sequence.queued = None
         if sequence in self.running:
             self.running.remove(sequence)
             self.batched.release(sequence.row)
@@ -292,6 +301,8 @@ class Engine:
             sequence.request.max_tokens - sequence.num_output_tokens,
             self.context_length - len(sequence.tokens),
         )
+        if sequence.queued is not None:  # what its verdict may still commit (0: read it)
+            room = max(room - sequence.queued.draft.num_drafted - 1, 1)
         return plan_cycle(
             sequence.drafter,
             sequence.policies,
@@ -304,28 +315,35 @@ class Engine:
 
     def _run(self, plans: dict[Sequence, Plan], events: list[StepEvent]) -> None:
         """Draft, run the batch's one forward, accept and commit, for the planned rows."""
-        plain, drafting = [], []
+        plain, drafting, ahead = [], [], []
         for sequence, plan in plans.items():
-            if plan.num_draft > 0 and sequence.ahead is not None:
+            pipelined = plan.num_draft > 0 and self._pipelines(sequence, plan)
+            if sequence.queued is not None and not pipelined:
+                # Read the queued cycle's verdict; plan again from the history it completes.
+                self._close_queued(sequence, events)
+            elif plan.num_draft > 0 and sequence.ahead is not None:
                 # Commit the queued forward's token first; draft after it next step.
                 self._close_ahead(sequence, events)
                 sequence.planned = plan
             elif plan.num_draft == 0 and not sequence.config.has_penalties and not sequence.grammar:
                 # Not with a grammar either: the mask needs the previous token read first.
                 plain.append(sequence)
+            elif pipelined:
+                ahead.append(sequence)
             else:
                 drafting.append(sequence)
         drafts: dict[Sequence, Draft] = {}
         draft_started = time.perf_counter()
         self.last_draft_seconds = 0.0
-        for sequence in list(drafting):
-            try:
-                if (use := draft_source(sequence.drafter, plans[sequence])) is not None:
-                    sequence.drafter.use(use)  # type: ignore[union-attr]
-                drafts[sequence] = propose(sequence, plans[sequence].num_draft, self.vocab_size)
-            except Exception as exc:
-                drafting.remove(sequence)
-                self._fail(sequence, exc, events)
+        for group in (drafting, ahead):
+            for sequence in list(group):
+                try:
+                    if (use := draft_source(sequence.drafter, plans[sequence])) is not None:
+                        sequence.drafter.use(use)  # type: ignore[union-attr]
+                    drafts[sequence] = propose(sequence, plans[sequence].num_draft, self.vocab_size)
+                except Exception as exc:
+                    group.remove(sequence)
+                    self._fail(sequence, exc, events)
         if drafts:
             proposals = [(d.tokens, d.qs) for d in drafts.values()]
             if self.time_drafts:
@@ -340,32 +358,55 @@ class Engine:
             if self.batched.recurrent and draft.num_drafted:
                 draft.checkpoint = self.batched.checkpoint(sequence.row)
             inputs.append(draft.inputs(sequence.tokens[-1]))
+        inputs += [drafts[sequence].inputs(last_committed(sequence)) for sequence in ahead]
         chunks = self._prefill_chunks(sum(int(t.shape[0]) for t in inputs), idle=not plans)
-        rows = plain + drafting + [sequence for sequence, _ in chunks]
+        rows = plain + drafting + ahead + [sequence for sequence, _ in chunks]
         if not rows:
             return
         inputs += [mx.array(chunk, mx.int32) for _, chunk in chunks]
-        wanted = ["all"] * (len(plain) + len(drafting)) + [
+        wanted = ["all"] * (len(plain) + len(drafting) + len(ahead)) + [
             "last" if s.num_prefilled + len(chunk) >= s.num_prompt_tokens else "none"
             for s, chunk in chunks
         ]
         try:
             outputs = self.batched.forward([s.row for s in rows], inputs, wanted)
             queued = dict(zip(plain, queue_plain_rows(plain, outputs[: len(plain)]), strict=True))
-            mx.async_eval([(a.logits, a.hidden, a.sample) for a in queued.values()])
+            num_decoding = len(plain) + len(drafting)
+            queued_drafts = {
+                sequence: queue_draft(
+                    self.batched,
+                    sequence,
+                    drafts[sequence],
+                    output,
+                    plans[sequence].source,
+                    started,
+                )
+                for sequence, output in zip(
+                    ahead, outputs[num_decoding : num_decoding + len(ahead)], strict=True
+                )
+            }
+            mx.async_eval(
+                [(a.logits, a.hidden, a.sample) for a in queued.values()],
+                [
+                    (q.output.hidden, q.num_accepted, q.output_tokens)
+                    for q in queued_drafts.values()
+                ],
+                self.batched.unevaluated() if queued_drafts else [],
+            )
             verdicts = {}
-            decoded = outputs[len(plain) : len(plain) + len(drafting)]
+            decoded = outputs[len(plain) : num_decoding]
             if any(s.grammar is not None for s in drafting):
                 # Compute the forward while verify works out the grammar masks on the CPU.
                 mx.async_eval([output.logits for output in decoded])
             for sequence, output in zip(drafting, decoded, strict=True):
                 verdicts[sequence] = (output, *verify(sequence, drafts[sequence], output))
-            prefilled = outputs[len(plain) + len(drafting) :]
-            mx.eval(
-                [(out.hidden, accepted, tokens) for out, accepted, tokens in verdicts.values()],
-                [(out.hidden, out.logits) for out in prefilled],
-                self.batched.unevaluated(),
-            )
+            prefilled = outputs[num_decoding + len(ahead) :]
+            if verdicts or prefilled:
+                mx.eval(
+                    [(out.hidden, accepted, tokens) for out, accepted, tokens in verdicts.values()],
+                    [(out.hidden, out.logits) for out in prefilled],
+                    self.batched.unevaluated(),
+                )
         except Exception as exc:  # the shared forward failed: every row in it fails
             for sequence in rows:
                 self._fail(sequence, exc, events)
@@ -389,10 +430,39 @@ class Engine:
                 sequence.policies[plan.source].update(result.num_drafted, result.num_accepted)
             sequence.pending = result
             record_cycle(sequence.stats, result)
-        for sequence, ahead in queued.items():
+        for sequence, plain_ahead in queued.items():
             if sequence.ahead is not None:
                 self._close_ahead(sequence, events, started)
-            sequence.ahead = ahead
+            sequence.ahead = plain_ahead
+        for sequence, queued_draft in queued_drafts.items():
+            if sequence.queued is not None:
+                self._close_queued(sequence, events)
+            sequence.queued = queued_draft
+
+    def _pipelines(self, sequence: Sequence, plan: Plan) -> bool:
+        """Whether the row's drafting cycle of ``plan`` runs one step ahead: from a model
+        drafter that takes lazy commits, over a target that trims lazily."""
+        model_drafter = getattr(sequence.drafter, "model_drafter", sequence.drafter)
+        return (
+            getattr(self.batched, "trims_lazily", False)
+            and commits_lazily(sequence)
+            and model_drafter is not None
+            and plan.source == model_drafter.name
+        )
+
+    def _close_queued(self, sequence: Sequence, events: list[StepEvent]) -> None:
+        """Commit the verdict of the row's queued drafting cycle (``close_queued``)."""
+        queued, sequence.queued = sequence.queued, None
+        assert queued is not None
+        try:
+            result = close_queued(self.batched, sequence, queued)
+        except Exception as exc:
+            self._fail(sequence, exc, events)
+            return
+        if queued.source in sequence.policies:
+            sequence.policies[queued.source].update(result.num_drafted, result.num_accepted)
+        sequence.pending = result
+        record_cycle(sequence.stats, result)
 
     def _close_ahead(
         self, sequence: Sequence, events: list[StepEvent], started: float | None = None

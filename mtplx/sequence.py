@@ -17,7 +17,7 @@ from mtplx.sampling import SamplerConfig
 
 if TYPE_CHECKING:
     from mtplx.grammar import GrammarState
-    from mtplx.speculative import Ahead, CycleResult
+    from mtplx.speculative import Ahead, CycleResult, QueuedDraft
 
 Event = TokenEvent | FinishEvent
 
@@ -47,6 +47,7 @@ class Sequence:
     prefill_hidden: list[mx.array] = field(default_factory=list)  # [T, H] chunks, for drafters
     pending: CycleResult | None = None  # committed, not yet emitted
     ahead: Ahead | None = None  # the queued plain forward of the newest token
+    queued: QueuedDraft | None = None  # a drafting cycle whose verdict is still computing
     planned: Plan | None = None  # a drafting cycle waiting for its ahead to close
     finished: bool = False
     failed: bool = False  # its state may be inconsistent: nothing of it is cached

@@ -14,6 +14,14 @@ queued forward (an ``Ahead``) then serves the next step: a plain row feeds its l
 the next forward and commits it (``close_ahead``); before a drafting cycle the row only
 closes it, and the drafting cycle verifies from the position after it. (Verifying the
 drafts against the queued forward's logits instead would spend that forward's token.)
+
+Drafting cycles from the MTP head run one step ahead too (``queue_draft``): the verdict stays
+lazy, the row is trimmed by a count still computing (``trim_lazily``) and the head gets the
+cycle's pairs with the count that holds (``commit_lazy``). The next cycle is built on top:
+its first input is the lazy last committed token, its uniforms the stream's at the lazily
+chosen position (``cycle_uniforms`` of each possible one, picked by the verdict), so it
+draws exactly what the cycle built after reading the verdict would. Then the verdict is read
+(``close_queued``) while the new cycle computes.
 """
 
 from __future__ import annotations
@@ -184,14 +192,17 @@ class Draft:
     def num_drafted(self) -> int:
         return int(self.tokens.shape[0])
 
-    def inputs(self, last_token: int) -> mx.array:
-        """[k + 1] int32: the row's tokens for the forward."""
-        return mx.concatenate([mx.array([last_token], mx.int32), self.tokens])
+    def inputs(self, last_token: int | mx.array) -> mx.array:
+        """[k + 1] int32: the row's tokens for the forward (``last_token``: an id, or [1]
+        int32 lazy)."""
+        if isinstance(last_token, int):
+            last_token = mx.array([last_token], mx.int32)
+        return mx.concatenate([last_token, self.tokens])
 
 
 def propose(sequence: Sequence, num_draft: int, vocab_size: int) -> Draft:
     """Draft up to ``num_draft`` tokens for ``sequence`` (left lazy)."""
-    uniforms = cycle_uniforms(sequence.seed, len(sequence.tokens), num_draft)
+    uniforms = _next_uniforms(sequence, num_draft)
     started = time.perf_counter()
     tokens: list[mx.array] = []
     qs: list[mx.array] = []
@@ -215,6 +226,21 @@ def propose(sequence: Sequence, num_draft: int, vocab_size: int) -> Draft:
     if sequence.grammar is not None and tokens:
         draft.masks = masks
     return draft
+
+
+def _next_uniforms(sequence: Sequence, num_draft: int) -> mx.array:
+    """``cycle_uniforms`` of the row's next cycle; after a queued drafting cycle, whose
+    verdict is lazy, those of each position it may end at, picked by its verdict."""
+    queued = sequence.queued
+    if queued is None:
+        return cycle_uniforms(sequence.seed, len(sequence.tokens), num_draft)
+    candidates = np.stack(
+        [
+            _uniforms(sequence.seed, len(sequence.tokens) + committed, num_draft)
+            for committed in range(1, queued.draft.num_drafted + 2)
+        ]
+    )  # [k_queued + 1, 2 * num_draft + 1]
+    return mx.take(mx.array(candidates), queued.num_accepted, axis=0)[0]
 
 
 def _lookup_masks(sequence: Sequence, tokens: list[mx.array]) -> list[mx.array]:
@@ -306,5 +332,75 @@ def commit(
         num_accepted=num_accepted,
         target_logits=output.logits[: len(committed)],
         draft_time=draft.draft_time,
+        verify_time=verify_time,
+    )
+
+
+# -- drafting rows, one step ahead --------------------------------------------------------
+
+
+@dataclass
+class QueuedDraft:
+    """A drafting cycle whose verdict is still computing (see the module docstring)."""
+
+    draft: Draft
+    output: RowOutput
+    num_accepted: mx.array  # [1] int32
+    output_tokens: mx.array  # [1, k+1] int32
+    source: str | None  # the depth policy that planned it
+    started: float  # when its step began
+
+
+def commits_lazily(sequence: Sequence) -> bool:
+    """Whether the row's drafting cycles can run one step ahead: its drafter takes lazy
+    commits, and nothing of the next cycle needs the verdict on the host (penalty counts,
+    grammar states do)."""
+    return (
+        bool(getattr(sequence.drafter, "commits_lazily", False))
+        and not sequence.config.has_penalties
+        and sequence.grammar is None
+    )
+
+
+def last_committed(sequence: Sequence) -> mx.array:
+    """[1] int32: the row's newest committed token, lazy after a queued drafting cycle."""
+    queued = sequence.queued
+    if queued is None:
+        return mx.array([sequence.tokens[-1]], mx.int32)
+    return mx.take(queued.output_tokens[0], queued.num_accepted)
+
+
+def queue_draft(
+    target: BatchedTarget,
+    sequence: Sequence,
+    draft: Draft,
+    output: RowOutput,
+    source: str | None,
+    started: float,
+) -> QueuedDraft:
+    """Verify lazily and bring the row and the drafter to the verdict without reading it:
+    the row drops the rejected drafts lazily, the drafter gets every verified position's pair
+    with the count that holds."""
+    num_accepted, output_tokens = verify(sequence, draft, output)
+    target.trim_lazily(sequence.row, draft.num_drafted - num_accepted[0])  # type: ignore[attr-defined]
+    drafter = sequence.drafter
+    drafter.commit_lazy(output_tokens[0], output.hidden[None], num_accepted[0] + 1)  # type: ignore[union-attr]
+    return QueuedDraft(draft, output, num_accepted, output_tokens, source, started)
+
+
+def close_queued(target: BatchedTarget, sequence: Sequence, queued: QueuedDraft) -> CycleResult:
+    """Read a queued drafting cycle's verdict; settle the row and the drafter by it."""
+    num_accepted = int(queued.num_accepted.item())
+    committed = [int(t) for t in queued.output_tokens[0, : num_accepted + 1].tolist()]
+    verify_time = time.perf_counter() - queued.started
+    num_rejected = target.settle(sequence.row)  # type: ignore[attr-defined]
+    assert num_rejected == queued.draft.num_drafted - num_accepted
+    sequence.drafter.settle(num_rejected)  # type: ignore[union-attr]
+    return CycleResult(
+        committed=committed,
+        num_drafted=queued.draft.num_drafted,
+        num_accepted=num_accepted,
+        target_logits=queued.output.logits[: len(committed)],
+        draft_time=queued.draft.draft_time,
         verify_time=verify_time,
     )

@@ -85,3 +85,42 @@ def test_released_slots_are_reused_and_never_shared(model) -> None:
     assert third.slot == 0 and second.slot == 1
     with pytest.raises(ValueError, match="own live slot"):
         target.forward([third, third], [mx.array([1]), mx.array([2])])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_lazy_trim_gives_the_bits_of_a_trim(model, compiled: bool) -> None:
+    """A drafting row's next forward is built before its verdict is read: rows trimmed by a
+    count still computing (beside a row that is not) write, attend and keep hidden states
+    exactly as rows trimmed by the number."""
+    outputs = []
+    for lazy in (False, True):
+        target = SlotTarget(model.target, max_rows=4, keep_hidden=True)
+        if not compiled:
+            target._compiled = None
+        rows = _rows(target, [9, 30, 17])
+        drafts = [
+            mx.array([4, 5, 6], mx.int32),
+            mx.array([8], mx.int32),
+            mx.array([9, 7], mx.int32),
+        ]
+        verified = target.forward(rows, drafts)
+        rejected = [2, 0, 1]
+        for row, output, count in zip(rows, verified, rejected, strict=True):
+            if lazy:  # a count that depends on the forward, as a verdict does
+                fake = (output.logits[0, 0] * 0).astype(mx.int32) + count
+                target.trim_lazily(row, fake)
+            else:
+                target.trim(row, count)
+        step = target.forward(rows, [mx.array([3, 2], mx.int32)] * 3)
+        if lazy:
+            assert [target.settle(row) for row in rows] == rejected
+        step += target.forward(rows, [mx.array([11], mx.int32)] * 3)
+        mx.eval([(o.logits, o.hidden) for o in step], target.unevaluated())
+        outputs.append((step, [row.length for row in rows], target.save_block(rows[1], 0, 33)))
+    (eager, eager_lengths, eager_block), (lazy_out, lazy_lengths, lazy_block) = outputs
+    assert eager_lengths == lazy_lengths == [13, 34, 21]
+    for a, b in zip(eager, lazy_out, strict=True):
+        assert mx.array_equal(a.logits, b.logits).item()
+        assert mx.array_equal(a.hidden, b.hidden).item()
+    assert mx.array_equal(eager_block.keys, lazy_block.keys).item()
+    assert mx.array_equal(eager_block.hidden, lazy_block.hidden).item()

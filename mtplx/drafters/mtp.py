@@ -29,15 +29,21 @@ class MTPDrafter:
             raise ValueError(f"drafter 'mtp' needs MTP heads, and {model.path} has none")
         self.head: MTPHead = model.mtp_heads[0]
         self.draft_vocab = model.draft_vocab
+        make_lazy_cache = getattr(self.head, "make_lazy_cache", None)
+        self.commits_lazily = make_lazy_cache is not None and make_lazy_cache() is not None
         self.cache: list[Any] = []
         self.pending_hidden: list[mx.array] = []  # [1, n, H] target hidden states to feed
-        self.pending_tokens: list[int] = []
-        self.checkpoint: cache_ops.CacheCheckpoint | None = None
+        self.pending_tokens: list[mx.array] = []  # [n] int32 the tokens after them
+        # The last pending batch's pairs that hold ([] int32, lazy), None: all of them.
+        self.pending_valid: mx.array | None = None
+        self.num_fed_unsettled = 0  # lazy commits fed to the head, their verdicts unread
+        self.checkpoint: Any = None
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Fresh head cache for a new sequence."""
-        self.cache = self.head.make_cache()
-        self.pending_hidden, self.pending_tokens = [], []
+        self.cache = self.head.make_lazy_cache() if self.commits_lazily else self.head.make_cache()  # type: ignore[attr-defined]
+        self.pending_hidden, self.pending_tokens, self.pending_valid = [], [], None
+        self.num_fed_unsettled = 0
         self.checkpoint = None
 
     def commit(self, new_tokens: list[int], target_hidden: mx.array | None) -> None:
@@ -46,8 +52,35 @@ class MTPDrafter:
             raise ValueError("the MTP drafter needs the target's hidden states")
         if target_hidden.shape[1] != len(new_tokens):
             raise ValueError("one target hidden state per committed token is needed")
+        if self.pending_valid is not None:
+            raise RuntimeError("a lazy commit is pending: settle it first")
         self.pending_hidden.append(target_hidden)
-        self.pending_tokens.extend(new_tokens)
+        self.pending_tokens.append(mx.array(new_tokens, mx.int32))
+
+    def commit_lazy(self, tokens: mx.array, target_hidden: mx.array, num_valid: mx.array) -> None:
+        """Queue a cycle's pairs before its verdict is read: tokens [n] int32 and
+        target_hidden [1, n, H], of which the first ``num_valid`` ([] int32, lazy) hold."""
+        if not self.commits_lazily or self.pending_valid is not None:
+            raise RuntimeError("this head cannot queue a lazy commit now")
+        self.pending_hidden.append(target_hidden)
+        self.pending_tokens.append(tokens.astype(mx.int32))
+        self.pending_valid = num_valid.astype(mx.int32)
+
+    def settle(self, num_rejected: int) -> None:
+        """The verdict of the oldest unsettled lazy commit was read: ``num_rejected`` of its
+        pairs do not hold."""
+        if not self.num_fed_unsettled:  # not fed yet: keep the pairs that hold
+            keep = int(self.pending_tokens[-1].shape[0]) - num_rejected
+            self.pending_hidden[-1] = self.pending_hidden[-1][:, :keep]
+            self.pending_tokens[-1] = self.pending_tokens[-1][:keep]
+            self.pending_valid = None
+            return
+        self.num_fed_unsettled -= 1
+        cache = self.cache[0]
+        cache.settle(num_rejected)
+        if self.checkpoint is not None:
+            offset, bound = self.checkpoint
+            self.checkpoint = (offset, bound - num_rejected)
 
     def propose(
         self, history: list[int], k: int, sample: DraftSampler
@@ -56,13 +89,28 @@ class MTPDrafter:
         if k <= 0 or not self.pending_tokens:
             return [], []
         if self.checkpoint is not None:  # drop the previous cycle's speculative entries
-            cache_ops.rollback(self.cache, self.checkpoint)
+            if self.commits_lazily:
+                self.cache[0].rollback(self.checkpoint)
+            else:
+                cache_ops.rollback(self.cache, self.checkpoint)
         hidden_in = mx.concatenate(self.pending_hidden, axis=1)
-        tokens_in = mx.array(self.pending_tokens, dtype=mx.int32)[None]
-        self.pending_hidden, self.pending_tokens = [], []
+        tokens_in = mx.concatenate(self.pending_tokens)[None]
+        valid, last_size = self.pending_valid, int(self.pending_tokens[-1].shape[0])
+        self.pending_hidden, self.pending_tokens, self.pending_valid = [], [], None
         out_logits, out_hidden = self.head(hidden_in, tokens_in, self.cache)
-        self.checkpoint = cache_ops.checkpoint(self.cache)
-        logits, hidden = out_logits[0, -1], out_hidden[:, -1:]
+        if valid is None:
+            logits, hidden = out_logits[0, -1], out_hidden[:, -1:]
+        else:  # the pairs past the valid ones leave the cache; read the last valid one's
+            unused = last_size - valid
+            self.cache[0].trim_lazily(unused)
+            self.num_fed_unsettled += 1
+            last = (tokens_in.shape[1] - 1 - unused).reshape(1)
+            logits = mx.take(out_logits[0], last, axis=0)[0]
+            hidden = mx.take(out_hidden, last, axis=1)
+        if self.commits_lazily:
+            self.checkpoint = self.cache[0].checkpoint()
+        else:
+            self.checkpoint = cache_ops.checkpoint(self.cache)
         tokens, qs = [], []
         for position in range(k):
             token, q = sample(logits)

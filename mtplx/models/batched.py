@@ -19,13 +19,17 @@ committed ones. Two implementations of the one interface (``BatchedTarget``):
 
 Rows are created with ``new_row`` and released with ``release``; rejected draft tokens are
 dropped with ``trim`` (attention KV) or ``checkpoint`` / ``rollback`` (recurrent state).
+``SlotTarget`` also trims lazily (``trim_lazily``: the count is an array still computing), so
+the next forward of a drafting row can be built before its verdict is read; ``settle`` reads
+the count once it is computed.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -60,10 +64,19 @@ VERIFY_TOKENS = 8
 
 @dataclass(eq=False)
 class SlotRow:
-    """A row of ``SlotTarget``: a slot of the KV store."""
+    """A row of ``SlotTarget``: a slot of the KV store. ``length`` counts the positions
+    written; the last ``sum(unsettled)`` of them may be rejected drafts whose count is still
+    computing (``SlotTarget.trim_lazily``), so ``length`` is the row's length at most."""
 
     slot: int
     length: int = 0
+    unsettled: list[mx.array] = field(default_factory=list)  # [] int32 lazy trims, oldest first
+
+    def shift(self) -> mx.array | None:
+        """[] int32 (lazy): the unsettled positions, None when there are none."""
+        if not self.unsettled:
+            return None
+        return functools.reduce(mx.add, self.unsettled)
 
 
 @dataclass
@@ -215,6 +228,7 @@ class SlotTarget:
 
     def release(self, row: SlotRow) -> None:
         """Return the row's slot; its stale KV is never read (reads stop at a row's length)."""
+        row.unsettled = []
         if row.slot >= 0:
             del self._live[row.slot]
             self._free.append(row.slot)
@@ -223,6 +237,20 @@ class SlotTarget:
     def trim(self, row: SlotRow, num_tokens: int) -> None:
         """Forget the last positions; their KV entries are overwritten by later writes."""
         row.length -= min(num_tokens, row.length)
+
+    trims_lazily = True
+
+    def trim_lazily(self, row: SlotRow, num_tokens: mx.array) -> None:
+        """``trim`` by a count still computing ([] int32): later forwards of the row write
+        and attend as if it were trimmed; ``settle`` applies it to ``row.length``."""
+        row.unsettled.append(num_tokens.astype(mx.int32))
+
+    def settle(self, row: SlotRow) -> int:
+        """Read the row's oldest lazy trim (its verdict must be computed or computing) and
+        apply it; returns the count."""
+        num_tokens = int(row.unsettled.pop(0).item())
+        row.length -= num_tokens
+        return num_tokens
 
     def checkpoint(self, row: SlotRow) -> int:
         """The row's length."""
@@ -301,6 +329,8 @@ class SlotTarget:
         inner = self.trunk.inner
         packed = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
         positions = packed_positions(rows, counts)
+        if (shifts := _shifts(rows, counts)) is not None:
+            positions = positions - shifts
         x = self._trunk_layers(inner.embed_tokens(packed[None]), rows, counts, groups, positions)
         hidden = inner.norm(x)[0]  # [N, H]
         self._keep_hidden(rows, counts, hidden)
@@ -395,13 +425,18 @@ class SlotTarget:
         """Store each fed position's hidden state (hidden: [N, H] packed) in its slot."""
         if self._hidden is None:
             return
-        positions = [
-            row.slot * self._capacity + row.length + t
-            for row, count in zip(rows, counts, strict=True)
-            for t in range(count)
-        ]
+        positions = mx.array(
+            [
+                row.slot * self._capacity + row.length + t
+                for row, count in zip(rows, counts, strict=True)
+                for t in range(count)
+            ],
+            mx.int32,
+        )
+        if (shifts := _shifts(rows, counts)) is not None:
+            positions = positions - shifts
         flat = self._hidden.reshape(self.max_rows * self._capacity, -1)
-        flat[mx.array(positions, mx.int32)] = hidden
+        flat[positions] = hidden
         self._hidden = flat.reshape(self._hidden.shape)
 
     def _groups(self, rows: list[SlotRow], counts: list[int]) -> list[_Group]:
@@ -453,6 +488,13 @@ class SlotTarget:
             for t in range(max_tokens)
         ]
         offsets = mx.array(lengths, mx.int32)
+        write_to = mx.array(write_at, mx.int32)
+        slot_rows = [fed.get(slot) for slot in range(first, last + 1)]
+        if any(row is not None and row.unsettled for row in slot_rows):
+            # Rows with lazy trims: their offsets and write positions come down by them.
+            shifts = mx.stack([_shift_or_zero(row) for row in slot_rows])  # [R]
+            offsets = offsets - shifts
+            write_to = write_to - mx.repeat(shifts, kv_heads * max_tokens)
         key_length = max(lengths) + max_tokens
         query_end = offsets[:, None] + mx.arange(max_tokens)[None, :]  # [R, T]
         mask = mx.arange(key_length)[None, None, :] <= query_end[:, :, None]  # [R, T, L]
@@ -470,7 +512,7 @@ class SlotTarget:
             offsets=offsets,
             to_padded=mx.array(to_padded, mx.int32),
             to_packed=mx.array(to_packed, mx.int32),
-            write_at=mx.array(write_at, mx.int32),
+            write_at=write_to,
             mask=mask[:, None],
             visible=visible,
         )
@@ -622,6 +664,25 @@ def _padded(projected: mx.array, group: _Group, num_heads: int) -> mx.array:
     [R, heads, T, d] (pads repeat the group's first token)."""
     spread = projected[group.to_padded]
     return spread.reshape(group.num_slots, group.max_tokens, num_heads, -1).transpose(0, 2, 1, 3)
+
+
+def _shifts(rows: Sequence[SlotRow], counts: Sequence[int]) -> mx.array | None:
+    """[N] int32 (lazy): each packed token's row's unsettled positions (``SlotRow.shift``),
+    None when no row has any."""
+    if not any(row.unsettled for row in rows):
+        return None
+    return mx.concatenate(
+        [
+            mx.broadcast_to(_shift_or_zero(row), (count,))
+            for row, count in zip(rows, counts, strict=True)
+        ]
+    )
+
+
+def _shift_or_zero(row: SlotRow | None) -> mx.array:
+    """[] int32: the row's unsettled positions (0 for no row)."""
+    shift = None if row is None else row.shift()
+    return mx.zeros((), mx.int32) if shift is None else shift
 
 
 def packed_positions(rows: Sequence[SlotRow], counts: Sequence[int]) -> mx.array:

@@ -25,6 +25,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
+from mtplx.lazy_cache import LazyKVCache
 from mtplx.models.checkpoint import MTPTensors, text_config
 from mtplx.models.families import NATIVE_NEXTN, strip_nextn_prefix
 from mtplx.models.target import Trunk
@@ -67,6 +68,11 @@ class NextNHead:
     def make_cache(self) -> list[Any]:
         """One KV cache for the head's attention layer."""
         return [KVCache()]
+
+    def make_lazy_cache(self) -> list[Any] | None:
+        """A ``LazyKVCache`` for the head's layer where that layer reads its cache only as
+        mlx-lm's llama attention does (RoPE at ``offset``, ``update_and_fetch``); else None."""
+        return [LazyKVCache()] if self.trunk.arch == "llama" else None
 
     def __call__(
         self, hidden: mx.array, next_tokens: mx.array, cache: list[Any]

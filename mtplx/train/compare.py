@@ -43,6 +43,7 @@ class RecordingMTPDrafter(MTPDrafter):
 
     def __init__(self, model: LoadedModel) -> None:
         super().__init__(model)
+        self.commits_lazily = False  # every commit reaches ``commit``, to be recorded
         self.fed_tokens: list[int] = []
         self.fed_hidden: list[mx.array] = []
         self.cycles: list[tuple[int, list[mx.array]]] = []  # (len(history), drafts)
