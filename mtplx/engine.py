@@ -349,7 +349,10 @@ class Engine:
             if self.time_drafts:
                 mx.eval(proposals)
                 self.last_draft_seconds = time.perf_counter() - draft_started
-            else:  # the drafters compute while the forward's graph is built on top of them
+            elif not any(s.queued is not None for s in ahead):
+                # The drafters compute while the forward's graph is built on top of them. Not
+                # behind a queued cycle: MLX lets the host run only ~100 kernel dispatches
+                # ahead, so evaluating now would wait for that cycle to all but finish.
                 mx.async_eval(proposals)
         started = time.perf_counter()
         inputs = [plain_input(s) for s in plain]

@@ -128,6 +128,41 @@ def test_greedy_speculative_equals_plain_other_families_full(
     _assert_greedy_equal(engine, NUM_PROMPTS, NUM_TOKENS, depths=(1, 2, 3, 4))
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+def test_mtp_cycles_one_step_ahead_draw_what_cycles_in_step_draw(
+    llama_engine: Engine, depth: int
+) -> None:
+    """MTP drafting cycles run one step ahead (the next cycle is built on the lazy verdict);
+    a seeded request then emits the same tokens as when every cycle reads its verdict before
+    the next is built, up to its last 2 (k + 1): there a cycle planned ahead must leave room
+    for what the queued one may still commit, so its depth (and draws) may differ."""
+    config = SamplerConfig(temperature=0.9, top_p=0.95, seed=4321)
+    request = GenerationRequest(
+        [5, 6, 7, 8, 9], config, max_tokens=48, drafter="mtp", depth=depth, ignore_eos=True
+    )
+    runs = []
+    ahead_steps = 0
+    for lazily in (True, False):
+        llama_engine.batched.trims_lazily = lazily  # type: ignore[attr-defined]
+        try:
+            sequence = llama_engine.add(request)
+            tokens = []
+            while not sequence.finished:
+                for _, event in llama_engine.step():
+                    assert isinstance(event, TokenEvent | FinishEvent)
+                    if isinstance(event, TokenEvent):
+                        tokens.append(event.token_id)
+                ahead_steps += lazily and sequence.queued is not None
+            runs.append((tokens, sequence.stats.accepted_per_position))
+        finally:
+            del llama_engine.batched.trims_lazily  # type: ignore[attr-defined]
+    assert ahead_steps > 10  # the cycles really ran ahead
+    (ahead, ahead_accepted), (in_step, _) = runs
+    assert len(ahead) == len(in_step) == 48
+    assert ahead[: 48 - 2 * (depth + 1)] == in_step[: 48 - 2 * (depth + 1)]
+    assert sum(ahead_accepted) > 0  # drafts were accepted, so lengths varied
+
+
 @pytest.mark.parametrize("drafter", ["none", "mtp", "draft_model", "ngram", "mtp+ngram"])
 def test_same_seed_same_output(llama_engine: Engine, drafter: str) -> None:
     config = SamplerConfig(temperature=0.9, top_p=0.95, seed=1234)
