@@ -444,10 +444,12 @@ class Engine:
 
     def _pipelines(self, sequence: Sequence, plan: Plan) -> bool:
         """Whether the row's drafting cycle of ``plan`` runs one step ahead: from a model
-        drafter that takes lazy commits, over a target that trims lazily."""
+        drafter that takes lazy commits, over a target that trims lazily (not while
+        calibration times proposing alone: behind a queued cycle it would time that too)."""
         model_drafter = getattr(sequence.drafter, "model_drafter", sequence.drafter)
         return (
-            getattr(self.batched, "trims_lazily", False)
+            not self.time_drafts
+            and getattr(self.batched, "trims_lazily", False)
             and commits_lazily(sequence)
             and model_drafter is not None
             and plan.source == model_drafter.name
