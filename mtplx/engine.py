@@ -20,6 +20,7 @@ the previous step's compute.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
@@ -102,7 +103,6 @@ class Engine:
         self.max_num_seqs = max_num_seqs
         self.prefill_chunk_size = prefill_chunk_size
         self.prefill_budget = max(prefill_budget, prefill_chunk_size)
-        self.costs = costs or DEFAULT_COSTS
         self.calibrated = costs is not None
         if draft_model is not None and draft_model.vocab_size != self.vocab_size:
             raise ValueError(
@@ -111,6 +111,7 @@ class Engine:
             )
         self._drafters = drafter_factories(model, draft_model)
         self.available_drafters = tuple(self._drafters)
+        self.costs = self._priced(costs or DEFAULT_COSTS)
         if default_drafter is None:  # the best drafter this model has
             default_drafter = next(
                 d for d in ("mtp+ngram", "draft_model+ngram", "ngram") if d in self._drafters
@@ -442,6 +443,16 @@ class Engine:
                 self._close_queued(sequence, events)
             sequence.queued = queued_draft
 
+    def _priced(self, costs: StepCosts) -> StepCosts:
+        """``costs`` with the draft sources whose cycles run one step ahead here."""
+        ahead = []
+        if getattr(self.batched, "trims_lazily", False):
+            for name, factory in self._drafters.items():
+                drafter = factory() if "+" not in name else None  # one of each drafter
+                if getattr(drafter, "commits_lazily", False):
+                    ahead.append(name)
+        return dataclasses.replace(costs, ahead=tuple(ahead))
+
     def _pipelines(self, sequence: Sequence, plan: Plan) -> bool:
         """Whether the row's drafting cycle of ``plan`` runs one step ahead: from a model
         drafter that takes lazy commits, over a target that trims lazily (not while
@@ -653,7 +664,7 @@ class Engine:
         with, before the first request (``mtplx.calibration``)."""
         from mtplx.calibration import load_or_calibrate
 
-        self.costs = load_or_calibrate(self)
+        self.costs = self._priced(load_or_calibrate(self))
         self.calibrated = True
         if self.prefix is not None:
             self.prefix.restart()  # calibration's own prompts: blocks and counts

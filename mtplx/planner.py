@@ -46,17 +46,22 @@ class StepCosts:
     ``batch_sizes[i]`` rows (queued one step ahead); ``sync[i]``: what a step costs more when
     any row drafts (it must read its verdict: nothing is queued ahead); ``per_token[i]``:
     what one more verified token of every row adds (a lookup draft, free to propose);
-    ``drafting[source][k]``: one row's time to propose k tokens from a model drafter."""
+    ``drafting[source][k]``: one row's time to propose k tokens from a model drafter.
+    ``ahead``: the draft sources whose cycles run one step ahead (the engine's, not
+    measured): they read no verdict before the next forward is built, so pay no ``sync``."""
 
     batch_sizes: list[int]
     plain: list[float]
     per_token: list[float]
     sync: list[float] = field(default_factory=list)
     drafting: dict[str, list[float]] = field(default_factory=dict)
+    ahead: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready fields (the calibration cache)."""
-        return asdict(self)
+        """JSON-ready measured fields (the calibration cache)."""
+        measured = asdict(self)
+        del measured["ahead"]
+        return measured
 
     def _at(self, values: Sequence[float], batch_size: int) -> float:
         """Linear interpolation over the measured batch sizes (held at the ends)."""
@@ -83,7 +88,7 @@ class StepCosts:
 
     def drafting_time(self, source: str, batch_size: int, depth: int) -> float:
         """What one row drafting ``depth`` tokens adds to a step of ``batch_size`` rows."""
-        sync = self._at(self.sync, batch_size)
+        sync = 0.0 if source in self.ahead else self._at(self.sync, batch_size)
         per_token = self._at(self.per_token, batch_size) / batch_size
         drafting = self.drafting.get(_cost_source(source), [0.0])
         return sync + depth * per_token + drafting[min(depth, len(drafting) - 1)]

@@ -128,6 +128,12 @@ def test_greedy_speculative_equals_plain_other_families_full(
     _assert_greedy_equal(engine, NUM_PROMPTS, NUM_TOKENS, depths=(1, 2, 3, 4))
 
 
+def test_the_engine_prices_mtp_cycles_as_running_ahead(llama_engine: Engine) -> None:
+    """The fixture's MTP head runs its cycles one step ahead, its layer-skip draft model
+    does not: only the MTP source is priced without the synchronous step's extra."""
+    assert llama_engine.costs.ahead == ("mtp",)
+
+
 @pytest.mark.parametrize("depth", [1, 3])
 def test_mtp_cycles_one_step_ahead_draw_what_cycles_in_step_draw(
     llama_engine: Engine, depth: int

@@ -92,3 +92,15 @@ def test_drafting_pays_less_in_a_full_batch() -> None:
     loaded = {LOOKUP: AdaptiveDepth([1.0] * 6, prior_acceptance=0.8)}
     assert plan_cycle(drafter, alone, None, history, 64, costs, batch_size=1).num_draft > 0
     assert plan_cycle(drafter, loaded, None, history, 64, costs, batch_size=8).num_draft == 0
+
+
+def test_sources_that_run_ahead_pay_no_sync() -> None:
+    """A source whose cycles run one step ahead reads no verdict before the next forward is
+    built: its cycles cost the verified tokens and the proposing, not the synchronous step's
+    extra; the others still pay it. ``ahead`` is the engine's, not cached with the measures."""
+    measured = StepCosts([1], [0.06], [0.006], sync=[0.02], drafting={"mtp": [0.0, 0.007]})
+    ahead = StepCosts(**{**measured.to_dict(), "ahead": ("mtp",)})
+    assert measured.drafting_time("mtp", 1, 1) == pytest.approx(0.02 + 0.006 + 0.007)
+    assert ahead.drafting_time("mtp", 1, 1) == pytest.approx(0.006 + 0.007)
+    assert ahead.drafting_time(LOOKUP, 1, 1) == pytest.approx(0.02 + 0.006)
+    assert "ahead" not in ahead.to_dict()
