@@ -526,3 +526,30 @@ def mx_verify_draft_tokens(
         mx.where(positions == boundary, token.astype(mx.int32)[:, None], -1),
     )
     return num_accepted.astype(mx.int32), output_tokens
+
+
+def mx_verify_greedy(target_logits: mx.array, draft_tokens: mx.array) -> tuple[mx.array, mx.array]:
+    """``mx_verify_draft_tokens`` at temperature 0, from the logits.
+
+    target_logits: [B, K+1, V] float32, penalised, biased and masked as
+    ``mx_distribution_from_logits`` does before its argmax; draft_tokens: [B, K] drawn
+    greedily, so each q is one-hot at its draft token. p is one-hot at the argmax, so the
+    exact rule accepts a draft iff it is the argmax (u < p / q = 1), and the residual at the
+    first mismatch, or p after the last draft, is one-hot at the argmax there: the same
+    num_accepted [B] and output_tokens [B, K+1] without building [K+1, V] distributions."""
+    batch, num_draft = draft_tokens.shape
+    greedy = mx.argmax(target_logits, axis=-1).astype(mx.int32)  # [B, K+1]
+    matches = draft_tokens.astype(mx.int32) == greedy[:, :num_draft]
+    num_accepted = mx.sum(mx.cumprod(matches.astype(mx.int32), axis=-1), axis=-1)  # [B]
+    if num_draft == 0:
+        num_accepted = mx.zeros((batch,), mx.int32)
+    token = mx.take_along_axis(greedy, num_accepted[:, None], axis=-1)  # [B, 1]
+    positions = mx.arange(num_draft + 1)[None, :]
+    padded_drafts = mx.concatenate(
+        [draft_tokens.astype(mx.int32), mx.zeros((batch, 1), mx.int32)], axis=1
+    )
+    boundary = num_accepted[:, None]
+    output_tokens = mx.where(
+        positions < boundary, padded_drafts, mx.where(positions == boundary, token, -1)
+    )
+    return num_accepted.astype(mx.int32), output_tokens

@@ -40,6 +40,7 @@ from mtplx.sampling import (
     mx_distribution_from_logits,
     mx_sample,
     mx_verify_draft_tokens,
+    mx_verify_greedy,
 )
 from mtplx.sequence import Sequence
 
@@ -275,6 +276,16 @@ def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.arra
     """The exact rule over the row's k + 1 target positions, lazily: (num_accepted [1] int32,
     output_tokens [1, k+1] int32; see mx_verify_draft_tokens)."""
     k, planned = draft.num_drafted, draft.num_planned
+    if sequence.config.is_greedy:  # every draft is greedy too: one-hot q at its token
+        logits = mx_apply_penalties(
+            output.logits.astype(mx.float32),
+            position_counts(sequence.token_counts, draft.tokens),
+            sequence.config,
+        )
+        masks = grammar_masks(sequence, draft, output.logits.shape[-1])
+        if masks is not None:
+            logits = mx.where(masks, logits, -mx.inf)
+        return mx_verify_greedy(logits[None], draft.tokens[None])  # [1, k+1, V]
     target_probs = mx_distribution_from_logits(
         output.logits,
         sequence.config,

@@ -26,6 +26,7 @@ from mtplx.sampling import (
     mx_distribution_from_logits,
     mx_sample,
     mx_verify_draft_tokens,
+    mx_verify_greedy,
     residual_distribution,
     sample_from_distribution,
     speculative_output_marginal,
@@ -169,6 +170,35 @@ def test_mlx_verify_matches_numpy_reference_decision_for_decision(num_draft: int
     np.testing.assert_array_equal(np.array(mx_tokens), ref_tokens)
     if num_draft:
         assert 0 < ref_accepted.mean() < num_draft  # both outcomes occur
+
+
+@pytest.mark.parametrize("num_draft", [0, 1, 2, 4])
+def test_greedy_verify_matches_the_exact_rule_decision_for_decision(num_draft: int) -> None:
+    """The greedy fast path against the general rule on one-hot p (argmax of the logits,
+    ties included: coarse logits) and greedy drafts' one-hot q, any uniforms."""
+    rng = np.random.default_rng(100 + num_draft)
+    batch, vocab = 400, 13
+    logits = rng.integers(-3, 3, size=(batch, num_draft + 1, vocab)).astype(np.float32)
+    greedy = logits.argmax(-1)
+    # Drafts: the argmax most of the time, so long accepted prefixes occur.
+    tokens = np.where(
+        rng.random((batch, num_draft)) < 0.7,
+        greedy[:, :num_draft],
+        rng.integers(0, vocab, size=(batch, num_draft)),
+    ).astype(np.int32)
+    target = np.eye(vocab, dtype=np.float32)[greedy]
+    draft = np.eye(vocab, dtype=np.float32)[tokens]
+    accept = rng.random((batch, num_draft), dtype=np.float32)
+    sample = rng.random(batch, dtype=np.float32)
+    ref_accepted, ref_tokens = mx_verify_draft_tokens(
+        *(mx.array(x) for x in (target, draft, tokens, accept, sample))
+    )
+    accepted, output = mx_verify_greedy(mx.array(logits), mx.array(tokens))
+    np.testing.assert_array_equal(np.array(accepted), np.array(ref_accepted))
+    np.testing.assert_array_equal(np.array(output), np.array(ref_tokens))
+    if num_draft:
+        counts = np.bincount(np.array(accepted), minlength=num_draft + 1)
+        assert (counts > 0).all()  # every prefix length occurs
 
 
 def test_mx_sample_matches_numpy_twin() -> None:
