@@ -12,7 +12,7 @@ import mlx.nn as nn
 import pytest
 
 from mtplx.models import load
-from mtplx.models.batched import SlotTarget
+from mtplx.models.batched import ATTEND_STEP, SlotTarget
 from mtplx.models.compiled_layer import CompiledLayer
 from tests.fixtures.checkpoints import build_checkpoint
 
@@ -71,8 +71,41 @@ def test_compiled_forwards_give_the_uncompiled_bits(model, monkeypatch: pytest.M
         for (logits, hidden), (logits2, hidden2) in zip(want, have, strict=True):
             assert mx.array_equal(logits, logits2).item(), step
             assert mx.array_equal(hidden, hidden2).item(), step
-    # the compiled attention ran, over the store's capacity (256, then 512 after the 200)
-    assert calls and set(calls) == {256, 512}
+    # the compiled attention ran over each group's key length rounded up to ATTEND_STEP
+    # (64): rows of 30-103 positions, then row 1 at 296 after its 200-token chunk -- never the
+    # store's whole capacity (512 by then)
+    assert ATTEND_STEP == 64
+    assert calls and set(calls) == {64, 128, 320}
+
+
+def test_a_short_row_attends_over_its_span_after_a_long_row_left(model, monkeypatch) -> None:
+    """The store keeps the capacity a long row grew it to; later short rows attend over
+    their own span (same bits as on a fresh store), not over that capacity."""
+    grown = SlotTarget(model.target, max_rows=8)
+    long_row = grown.new_row()
+    for start in range(0, 600, 60):  # chunks within the query block: compiled path
+        out = grown.forward([long_row], [mx.array(_tokens(start, 60), mx.int32)], "none")
+    mx.eval(out[0].hidden)
+    grown.release(long_row)
+    assert grown._capacity >= 600
+    fresh = SlotTarget(model.target, max_rows=8)
+    spans = []
+    attend = grown._compiled.attend
+    monkeypatch.setattr(
+        grown._compiled, "attend", lambda *a: spans.append(a[1].shape[-1]) or attend(*a)
+    )
+    results = []
+    for target in (grown, fresh):
+        row = target.new_row()
+        logits = []
+        for tokens in (_tokens(7, 20), [4], [5, 6]):
+            (out,) = target.forward([row], [mx.array(tokens, mx.int32)], "all")
+            logits.append(out.logits)
+        mx.eval(logits)
+        results.append(logits)
+    for got, want in zip(*results, strict=True):
+        assert mx.array_equal(got, want).item()
+    assert spans and max(spans) == ATTEND_STEP
 
 
 def _like(layer: Any, **attention: Any) -> SimpleNamespace:

@@ -54,6 +54,10 @@ __all__ = [
 
 # Slot KV capacity grows in steps of this many positions (mlx-lm's KVCache step).
 KV_STEP = 256
+# The compiled attention reads a group's keys up to its key length rounded up to a multiple of
+# this (not the store's whole capacity, which never shrinks): fewer wasted keys than a coarser
+# step, few enough shapes (one trace each) than a finer one.
+ATTEND_STEP = 64
 # Rows feeding at most this many tokens (a verify of up to 5 drafts, plain decoding) attend
 # together; longer ones (prefill chunks) in a group of their own.
 VERIFY_TOKENS = 8
@@ -96,8 +100,9 @@ class _Group:
     to_packed: mx.array  # [end - start] int32: padded index of each of the group's tokens
     write_at: mx.array  # [R * kv * T] int32: flat (slot, head, position) index in the store
     mask: mx.array  # [R, 1, T, L] bool: key j visible to query t of row r
-    # [R, 1, 1, T, C] bool: the same over the store's whole capacity C (compiled layers)
+    # [R, 1, 1, T, S] bool: the same over the first S = span keys (compiled layers)
     visible: mx.array | None = None
+    span: int = 0  # key_length rounded up to ATTEND_STEP, at most the capacity
 
 
 @dataclass
@@ -403,8 +408,8 @@ class SlotTarget:
                 window = slice(group.first_slot, group.first_slot + group.num_slots)
                 out = compiled.attend(
                     _padded(queries_all, group, attn.n_heads),
-                    store.keys[window].transpose(0, 1, 3, 2),  # [R, kv, d, C]
-                    store.values[window],  # [R, kv, C, d+1]
+                    store.keys[window, :, : group.span].transpose(0, 1, 3, 2),  # [R, kv, d, S]
+                    store.values[window, :, : group.span],  # [R, kv, S, d+1]
                     group.visible,
                     attn.scale,
                 )
@@ -499,9 +504,10 @@ class SlotTarget:
         query_end = offsets[:, None] + mx.arange(max_tokens)[None, :]  # [R, T]
         mask = mx.arange(key_length)[None, None, :] <= query_end[:, :, None]  # [R, T, L]
         visible = None
+        span = min(-(-key_length // ATTEND_STEP) * ATTEND_STEP, self._capacity)
         if self._compiled is not None and max_tokens <= self._query_block:
-            visible = mx.arange(self._capacity)[None, None, :] <= query_end[:, :, None]
-            visible = visible[:, None, None]  # [R, 1, 1, T, C]
+            visible = mx.arange(span)[None, None, :] <= query_end[:, :, None]
+            visible = visible[:, None, None]  # [R, 1, 1, T, S]
         return _Group(
             first_slot=first,
             num_slots=num_slots,
@@ -515,6 +521,7 @@ class SlotTarget:
             write_at=write_to,
             mask=mask[:, None],
             visible=visible,
+            span=span,
         )
 
     def _ensure_capacity(self, positions: int) -> None:

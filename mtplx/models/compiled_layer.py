@@ -15,11 +15,12 @@ place only when nothing else holds it; a compiled function would copy it every l
 
 Exactness: the pieces are the uncompiled path's ops in the same order, and MLX's elementwise
 fusion changes no bits (``tests/test_models_compiled_layer.py`` compares logits bitwise).
-``attend`` runs over the store's whole capacity (a multiple of ``KV_STEP``), not a group's
-key length: keys past a row's length get -inf scores and zero weights, trailing zeros that
-the invariant kernel adds as +0.0 (``mtplx/blas_invariant.c``), so the bits are those of the
-shorter product while the traced shapes change only when the store grows. A trace is kept
-per input shape (rows, tokens, capacity).
+``attend`` runs over a group's span (its key length rounded up to ``ATTEND_STEP``), not its
+exact key length: keys past a row's length get -inf scores and zero weights, trailing zeros
+that the invariant kernel adds as +0.0 (``mtplx/blas_invariant.c``), so the bits are those of
+the shorter product while the traced shapes change only every ``ATTEND_STEP`` positions. (Not
+the store's whole capacity either: it never shrinks, so after one long request every short
+one would pay for it.) A trace is kept per input shape (rows, tokens, span).
 
 Cold start: MLX builds the fused CPU kernels with the system compiler on first use (~20 s
 on the default model, cached by MLX under the temp directory; well under 1 s on the next
@@ -104,15 +105,15 @@ class CompiledLayer:
             visible: mx.array,
             scale: float,
         ) -> mx.array:
-            # queries [R, heads, T, d], keys [R, kv, d, C], values [R, kv, C, d+1],
-            # visible [R, 1, 1, T, C] -> [R * T, heads * d]
+            # queries [R, heads, T, d], keys [R, kv, d, S], values [R, kv, S, d+1],
+            # visible [R, 1, 1, T, S] -> [R * T, heads * d]
             rows, _, tokens, head_dim = queries.shape
-            capacity = keys.shape[-1]
+            span = keys.shape[-1]
             grouped = (queries * scale).reshape(rows, kv_heads, repeats * tokens, head_dim)
-            scores = (grouped @ keys).reshape(rows, kv_heads, repeats, tokens, capacity)
+            scores = (grouped @ keys).reshape(rows, kv_heads, repeats, tokens, span)
             scores = mx.where(visible, scores, -mx.inf)
             weights = mx.exp(scores - mx.max(scores, axis=-1, keepdims=True))
-            summed = weights.reshape(rows, kv_heads, repeats * tokens, capacity) @ values
+            summed = weights.reshape(rows, kv_heads, repeats * tokens, span) @ values
             attended = summed[..., :head_dim] / summed[..., head_dim:]
             attended = attended.reshape(rows, heads, tokens, head_dim).transpose(0, 2, 1, 3)
             return attended.reshape(rows * tokens, heads * head_dim)
