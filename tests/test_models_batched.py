@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mtplx.models import load
-from mtplx.models.batched import PerRowTarget, SlotTarget, batched_target
+from mtplx.models.batched import IDLE_CAPACITY, PerRowTarget, SlotTarget, batched_target
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head
 
@@ -85,6 +85,25 @@ def test_released_slots_are_reused_and_never_shared(model) -> None:
     assert third.slot == 0 and second.slot == 1
     with pytest.raises(ValueError, match="own live slot"):
         target.forward([third, third], [mx.array([1]), mx.array([2])])
+
+
+def test_an_idle_store_grown_by_a_long_row_is_freed(model) -> None:
+    """Once the last row leaves, a store grown past IDLE_CAPACITY is dropped; the next rows
+    allocate afresh and give the bits of a fresh target."""
+    target = SlotTarget(model.target, max_rows=4)
+    (long_row,) = _rows(target, [IDLE_CAPACITY + 1])
+    short = target.new_row()
+    target.release(long_row)
+    assert target._capacity > IDLE_CAPACITY  # a row still runs: the store stays
+    target.release(short)
+    assert target._capacity == 0 and not target._stores
+    (again,) = _rows(target, [40])
+    fresh = SlotTarget(model.target, max_rows=4)
+    (fresh_row,) = _rows(fresh, [40])
+    (got,) = target.forward([again], [mx.array([3, 4])])
+    (want,) = fresh.forward([fresh_row], [mx.array([3, 4])])
+    assert mx.array_equal(got.logits, want.logits).item()
+    assert target._capacity == fresh._capacity
 
 
 @pytest.mark.parametrize("compiled", [True, False])

@@ -78,29 +78,30 @@ def test_compiled_forwards_give_the_uncompiled_bits(model, monkeypatch: pytest.M
     assert calls and set(calls) == {64, 128, 320}
 
 
-def test_a_short_row_attends_over_its_span_after_a_long_row_left(model, monkeypatch) -> None:
-    """The store keeps the capacity a long row grew it to; later short rows attend over
-    their own span (same bits as on a fresh store), not over that capacity."""
-    grown = SlotTarget(model.target, max_rows=8)
-    long_row = grown.new_row()
-    for start in range(0, 600, 60):  # chunks within the query block: compiled path
-        out = grown.forward([long_row], [mx.array(_tokens(start, 60), mx.int32)], "none")
-    mx.eval(out[0].hidden)
-    grown.release(long_row)
-    assert grown._capacity >= 600
-    fresh = SlotTarget(model.target, max_rows=8)
-    spans = []
-    attend = grown._compiled.attend
-    monkeypatch.setattr(
-        grown._compiled, "attend", lambda *a: spans.append(a[1].shape[-1]) or attend(*a)
-    )
-    results = []
-    for target in (grown, fresh):
-        row = target.new_row()
-        logits = []
-        for tokens in (_tokens(7, 20), [4], [5, 6]):
-            (out,) = target.forward([row], [mx.array(tokens, mx.int32)], "all")
-            logits.append(out.logits)
+def test_a_short_row_attends_over_its_span_beside_a_grown_store(model, monkeypatch) -> None:
+    """A long row grows every slot's store, which stays grown while other rows run; a short
+    row then attends over its own span (same bits as beside no long row), not the capacity."""
+    results, spans = [], []
+    for with_long_row in (True, False):
+        target = SlotTarget(model.target, max_rows=8)
+        short = target.new_row()
+        logits = [target.forward([short], [mx.array(_tokens(7, 20), mx.int32)], "all")[0].logits]
+        if with_long_row:
+            long_row = target.new_row()
+            for start in range(0, 600, 60):  # chunks within the query block: compiled path
+                out = target.forward([long_row], [mx.array(_tokens(start, 60), mx.int32)], "none")
+            mx.eval(out[0].hidden)
+            target.release(long_row)
+            assert target._capacity >= 600
+            attend = target._compiled.attend
+
+            def recording(*args: mx.array, attend=attend) -> mx.array:
+                spans.append(args[1].shape[-1])
+                return attend(*args)
+
+            monkeypatch.setattr(target._compiled, "attend", recording)
+        for tokens in ([4], [5, 6]):
+            logits.append(target.forward([short], [mx.array(tokens, mx.int32)], "all")[0].logits)
         mx.eval(logits)
         results.append(logits)
     for got, want in zip(*results, strict=True):

@@ -26,8 +26,11 @@ the count once it is computed.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import itertools
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +57,8 @@ __all__ = [
 
 # Slot KV capacity grows in steps of this many positions (mlx-lm's KVCache step).
 KV_STEP = 256
+# An idle store above this many positions per slot is freed (``SlotTarget.release``).
+IDLE_CAPACITY = 4 * KV_STEP
 # The compiled attention reads a group's keys up to its key length rounded up to a multiple of
 # this (not the store's whole capacity, which never shrinks): fewer wasted keys than a coarser
 # step, few enough shapes (one trace each) than a finer one.
@@ -238,6 +243,12 @@ class SlotTarget:
             del self._live[row.slot]
             self._free.append(row.slot)
             row.slot = -1
+        if not self._live and self._capacity > IDLE_CAPACITY:
+            # The store grows every slot to the longest row and never shrinks while rows
+            # run: once none is left, give a long request's memory back (the next forward
+            # allocates afresh; saved prefix blocks are copies).
+            self._stores, self._hidden, self._capacity = [], None, 0
+            _return_freed_memory()
 
     def trim(self, row: SlotRow, num_tokens: int) -> None:
         """Forget the last positions; their KV entries are overwritten by later writes."""
@@ -664,6 +675,15 @@ class SlotTarget:
         attended = mx.concatenate(blocks, axis=2) if len(blocks) > 1 else blocks[0]
         attended = attended.transpose(0, 2, 1, 3)  # [R, T, heads, d]
         return attended.reshape(rows * tokens, heads * head_dim)[group.to_packed]
+
+
+def _return_freed_memory() -> None:
+    """Hand freed buffers back to the system: MLX keeps them for reuse, and glibc keeps
+    freed heap pages (buffers of tens of MB come from its heap once it has freed a few)."""
+    mx.clear_cache()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # musl and others: no malloc_trim
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _padded(projected: mx.array, group: _Group, num_heads: int) -> mx.array:
