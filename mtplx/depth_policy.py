@@ -7,6 +7,12 @@ depth K commits on average ``E(K) = 1 + sum_{j<=K} prod_{i<=j} a_i`` tokens and 
 ``cost(K)``; the policy picks ``argmax_K E(K) / cost(K)``. The choice depends only on the
 request's own acceptance counts and the engine's cost table, so a seeded request replays the
 same schedule (and output) in the same process.
+
+Choosing, the policy is optimistic about the first draft position: it takes ``a_1`` at an
+upper confidence bound (``optimism`` posterior standard deviations above the mean), so a few
+early rejections do not stop a drafter whose acceptance is above break-even (plain cycles
+teach the policy nothing, and probes come rarely); once the counts are many, the bound is
+near the mean and a drafter below break-even stops.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class AdaptiveDepth:
         decay: float = 0.97,
         probe_interval: int = 16,
         probe_budget: float = 0.02,
+        optimism: float = 1.0,
     ) -> None:
         if len(cycle_cost) < 1 or any(c <= 0 for c in cycle_cost):
             raise ValueError("cycle_cost needs a positive cost for depth 0 and up")
@@ -36,6 +43,7 @@ class AdaptiveDepth:
         self.decay = decay
         self.probe_interval = probe_interval  # the fewest plain cycles between probes
         self.probe_budget = probe_budget  # the share of decode time probes may lose
+        self.optimism = optimism  # posterior standard deviations added to a_1 when choosing
         # Decayed counts per draft position: how often it was tested and accepted.
         self.tested = [0.0] * self.max_depth
         self.accepted = [0.0] * self.max_depth
@@ -49,11 +57,27 @@ class AdaptiveDepth:
             self.tested[position] + prior
         )
 
-    def expected_tokens(self, depth: int) -> float:
-        """E(depth): expected committed tokens of one cycle."""
+    def acceptance_bound(self, position: int) -> float:
+        """``acceptance(position)`` plus ``optimism`` standard deviations of its Beta
+        posterior (at most 1)."""
+        prior = self.prior_weight
+        passed = self.accepted[position] + prior * self.prior_acceptance
+        failed = (
+            self.tested[position] - self.accepted[position] + prior * (1 - self.prior_acceptance)
+        )
+        total = passed + failed
+        deviation = math.sqrt(passed * failed / (total * total * (total + 1)))
+        return min(passed / total + self.optimism * deviation, 1.0)
+
+    def expected_tokens(self, depth: int, optimistic: bool = False) -> float:
+        """E(depth): expected committed tokens of one cycle (``optimistic``: with the first
+        position's acceptance at its upper bound, as ``choose`` prices it)."""
         total, survive = 1.0, 1.0
         for position in range(depth):
-            survive *= self.acceptance(position)
+            if optimistic and position == 0:
+                survive *= self.acceptance_bound(position)
+            else:
+                survive *= self.acceptance(position)
             total += survive
         return total
 
@@ -71,7 +95,10 @@ class AdaptiveDepth:
         max_depth = min(self.max_depth, len(costs) - 1)
         if limit is not None:
             max_depth = min(max_depth, limit)
-        rates = [(self.expected_tokens(k) + other_tokens) / costs[k] for k in range(max_depth + 1)]
+        rates = [
+            (self.expected_tokens(k, optimistic=True) + other_tokens) / costs[k]
+            for k in range(max_depth + 1)
+        ]
         best = max(range(max_depth + 1), key=rates.__getitem__)
         if best == 0:
             return self.probe(max_depth, costs, other_tokens)

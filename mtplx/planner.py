@@ -171,7 +171,7 @@ def plan_cycle(
         if costs is None:
             return policy.choose(limit)
         max_depth = min(policy.max_depth, limit)
-        expected = [policy.expected_tokens(k) for k in range(max_depth + 1)]
+        expected = [policy.expected_tokens(k, optimistic=True) for k in range(max_depth + 1)]
         gains = costs.drafting_gain(source, batch_size, expected)
         best = max(range(max_depth + 1), key=gains.__getitem__)
         return best if best > 0 else policy.probe(max_depth)

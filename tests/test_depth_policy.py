@@ -37,10 +37,51 @@ def test_high_acceptance_drafts_deep() -> None:
 
 
 def test_useless_drafter_falls_back_to_plain_decoding_with_rare_probes() -> None:
+    # Break-even here is 0.1: the optimistic bound on a_1 falls below it after ~70 rejected
+    # cycles (the decayed counts hold ~33 cycles, so the bound never collapses at once).
     policy = AdaptiveDepth(COSTS, probe_interval=16)
-    chosen = _drive(policy, acceptance=0.0)
-    tail = chosen[-160:]
-    assert tail.count(0) >= 150 and set(tail) <= {0, 1}
+    chosen = _drive(policy, acceptance=0.0, cycles=300)
+    assert 0 not in chosen[:40]
+    tail = chosen[-200:]
+    assert tail.count(0) >= 185 and set(tail) <= {0, 1}
+
+
+def test_the_bound_on_the_first_position_shrinks_with_the_counts() -> None:
+    policy = AdaptiveDepth(COSTS, prior_acceptance=0.3, prior_weight=4.0, optimism=1.0)
+    assert policy.acceptance(0) == pytest.approx(0.3)
+    # Beta(1.2, 2.8): mean 0.3, standard deviation sqrt(1.2 * 2.8 / (16 * 5))
+    assert policy.acceptance_bound(0) == pytest.approx(0.3 + (1.2 * 2.8 / 80) ** 0.5)
+    widths = []
+    for _ in range(3):
+        for _ in range(10):
+            policy.update(1, 0)
+            policy.update(1, 1)
+            policy.update(1, 0)
+            policy.update(1, 0)
+        widths.append(policy.acceptance_bound(0) - policy.acceptance(0))
+    assert widths[0] > widths[1] > widths[2] > 0
+    assert AdaptiveDepth(COSTS, optimism=0.0).acceptance_bound(0) == pytest.approx(0.5)
+
+
+def test_an_unlucky_start_does_not_stop_a_drafter_above_break_even() -> None:
+    """Depth 1 costs 1.18 plain cycles (break-even acceptance 0.18); the drafter's first four
+    drafts fail, then one in four passes (0.25). Priced at the mean, the policy stops after
+    the streak and drafts again only once a probe passes (16 plain cycles on); at the bound
+    it keeps drafting."""
+    costs = [1.0, 1.18]
+
+    def drafted(optimism: float) -> int:
+        policy = AdaptiveDepth(costs, prior_acceptance=0.3, optimism=optimism)
+        outcomes = [0, 0, 0, 0] + [1, 0, 0, 0] * 20
+        count = 0
+        for _ in range(80):
+            if policy.choose():
+                policy.update(1, outcomes[count])
+                count += 1
+        return count
+
+    assert drafted(0.0) <= 55
+    assert drafted(1.0) == 80
 
 
 def test_expensive_drafting_needs_more_acceptance() -> None:
