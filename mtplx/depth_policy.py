@@ -32,7 +32,7 @@ class AdaptiveDepth:
         decay: float = 0.97,
         probe_interval: int = 16,
         probe_budget: float = 0.02,
-        optimism: float = 1.0,
+        optimism: float = 0.5,
     ) -> None:
         if len(cycle_cost) < 1 or any(c <= 0 for c in cycle_cost):
             raise ValueError("cycle_cost needs a positive cost for depth 0 and up")
