@@ -13,7 +13,7 @@ import pytest
 
 from mtplx.engine import Engine
 from mtplx.models import load, make_layer_skip_draft
-from mtplx.models.batched import SlotTarget
+from mtplx.models.batched import IDLE_CAPACITY, SlotTarget
 from mtplx.prefix_cache import BLOCK_SIZE
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
 from mtplx.sampling import SamplerConfig
@@ -53,6 +53,24 @@ def _run(engine: Engine, request: GenerationRequest) -> tuple[list[int], Generat
 def _prompt(seed: int, length: int, vocab_size: int) -> list[int]:
     rng = np.random.default_rng(seed)
     return [int(t) for t in rng.integers(3, vocab_size, length)]
+
+
+def test_a_cache_hit_after_the_idle_store_was_freed_gives_the_cold_output(cold: Engine) -> None:
+    """A long request grows the slot store past IDLE_CAPACITY and leaves the engine idle, so
+    the store is freed; the next request's cache hit loads its blocks into a store allocated
+    afresh (every layer its own array: they are written in place)."""
+    cached = _cached_engine(cold)
+    assert isinstance(cached.batched, SlotTarget)
+    prompt = _prompt(21, 2 * BLOCK_SIZE + 3, cold.vocab_size)
+    request = GenerationRequest(prompt, GREEDY, 16)
+    expected, _ = _run(cold, request)
+    assert _run(cached, request)[0] == expected  # caches the prompt's blocks
+    long_prompt = _prompt(22, IDLE_CAPACITY + 40, cold.vocab_size)
+    _run(cached, GenerationRequest(long_prompt, GREEDY, 1))
+    assert cached.batched._capacity == 0  # freed when that request left
+    got, stats = _run(cached, request)
+    assert stats.cached_tokens >= 2 * BLOCK_SIZE
+    assert got == expected
 
 
 @pytest.mark.parametrize("config", [GREEDY, SEEDED], ids=["greedy", "seeded"])

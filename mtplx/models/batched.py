@@ -548,7 +548,12 @@ class SlotTarget:
         value_zeros = mx.zeros((*grow, head_dim + 1), dtype)  # + the constant-1 feature
         hidden_zeros = mx.zeros((self.max_rows, grow[2], self.hidden_size), dtype)
         if not self._stores:
-            self._stores = [_SlotStore(key_zeros, value_zeros) for _ in self.trunk.inner.layers]
+            # An array of its own per layer: ``load_blocks`` writes into the stores in place,
+            # which would write every layer's blocks into one shared array.
+            self._stores = [
+                _SlotStore(mx.zeros(key_zeros.shape, dtype), mx.zeros(value_zeros.shape, dtype))
+                for _ in self.trunk.inner.layers
+            ]
             self._hidden = hidden_zeros if self.keep_hidden else None
         else:
             for store in self._stores:
