@@ -60,8 +60,8 @@ KV_STEP = 256
 # An idle store above this many positions per slot is freed (``SlotTarget.release``).
 IDLE_CAPACITY = 4 * KV_STEP
 # The compiled attention reads a group's keys up to its key length rounded up to a multiple of
-# this (not the store's whole capacity, which never shrinks): fewer wasted keys than a coarser
-# step, few enough shapes (one trace each) than a finer one.
+# this, not the store's whole capacity: a coarser step reads more masked keys, a finer one
+# makes more shapes (a trace each).
 ATTEND_STEP = 64
 # Rows feeding at most this many tokens (a verify of up to 5 drafts, plain decoding) attend
 # together; longer ones (prefill chunks) in a group of their own.
