@@ -544,18 +544,19 @@ class SlotTarget:
         attention = self.trunk.inner.layers[0].self_attn
         kv_heads, head_dim = attention.n_kv_heads, attention.head_dim
         grow = (self.max_rows, kv_heads, capacity - self._capacity)
-        key_zeros = mx.zeros((*grow, head_dim), dtype)
-        value_zeros = mx.zeros((*grow, head_dim + 1), dtype)  # + the constant-1 feature
+        key_shape = (*grow, head_dim)
+        value_shape = (*grow, head_dim + 1)  # + the constant-1 feature
         hidden_zeros = mx.zeros((self.max_rows, grow[2], self.hidden_size), dtype)
         if not self._stores:
             # An array of its own per layer: ``load_blocks`` writes into the stores in place,
             # which would write every layer's blocks into one shared array.
             self._stores = [
-                _SlotStore(mx.zeros(key_zeros.shape, dtype), mx.zeros(value_zeros.shape, dtype))
+                _SlotStore(mx.zeros(key_shape, dtype), mx.zeros(value_shape, dtype))
                 for _ in self.trunk.inner.layers
             ]
             self._hidden = hidden_zeros if self.keep_hidden else None
         else:
+            key_zeros, value_zeros = mx.zeros(key_shape, dtype), mx.zeros(value_shape, dtype)
             for store in self._stores:
                 store.keys = mx.concatenate([store.keys, key_zeros], axis=2)
                 store.values = mx.concatenate([store.values, value_zeros], axis=2)
