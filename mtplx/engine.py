@@ -128,6 +128,7 @@ class Engine:
         )
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
         self.running: list[Sequence] = []
+        self.num_rows_taken = 0  # rows handed out by ``add`` and not yet released
         self.num_steps = 0
         self.num_step_tokens = 0  # tokens committed by all steps, for /metrics
         # Calibration times proposing on its own (``time_drafts``): the last step's, all rows.
@@ -182,22 +183,37 @@ class Engine:
         """Whether another sequence can join the batch now."""
         return len(self.running) < self.max_num_seqs
 
+    def prepare(self, request: GenerationRequest) -> None:
+        """The work of admitting ``request`` that need not hold up the batch: its grammar
+        checked and compiled (cached for ``add``). Blocks; the server runs it on the grammar
+        thread (``mtplx.grammar.grammar_thread``) before ``add``."""
+        if request.grammar is not None:
+            self.grammars.compile(request.grammar)
+
     def add(self, request: GenerationRequest, tag: object = None) -> Sequence:
         """Put ``request`` into the running batch; its prompt is prefilled by the next
-        steps. ``tag``: the caller's handle, kept on the sequence."""
+        steps. ``tag``: the caller's handle, kept on the sequence. Whatever fails leaves no
+        row behind: the row is taken last, after everything that checks the request."""
         self.validate(request)
         if not self.has_room:
             raise RuntimeError(f"the batch is full ({self.max_num_seqs} sequences)")
         config = request.sampler
+        stop_ids = set(request.stop_token_ids)
+        if not request.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        grammar = (
+            None if request.grammar is None else self.grammars.state(request.grammar, stop_ids)
+        )
         drafter = self._drafters[request.drafter or self.default_drafter]()
         depth = request.depth if request.depth is not None else self.default_depth
         policies = {}
         if depth is None and drafter is not None:
             policies = make_policies(drafter, self.costs, self.max_adaptive_depth)
-        stop_ids = set(request.stop_token_ids)
-        if not request.ignore_eos:
-            stop_ids |= self.eos_token_ids
         prompt = [int(t) for t in request.prompt_ids]
+        if drafter is not None:
+            drafter.reset(prompt)
+        emitter = TextEmitter(self.tokenizer.detokenizer, request.stop)
+        token_counts = mx.zeros((self.vocab_size,), mx.int32) if config.has_penalties else None
         sequence = Sequence(
             request=request,
             tokens=list(prompt),
@@ -207,18 +223,15 @@ class Engine:
             drafter=drafter,
             policies=policies,
             depth=depth,
-            emitter=TextEmitter(self.tokenizer.detokenizer, request.stop),
+            emitter=emitter,
             stop_ids=stop_ids,
             stats=GenerationStats(prompt_tokens=len(prompt)),
-            token_counts=mx.zeros((self.vocab_size,), mx.int32) if config.has_penalties else None,
-            grammar=None
-            if request.grammar is None
-            else self.grammars.state(request.grammar, stop_ids),
+            token_counts=token_counts,
+            grammar=grammar,
             tag=tag,
         )
-        if drafter is not None:
-            drafter.reset(prompt)
         self.running.append(sequence)
+        self.num_rows_taken += 1
         if self.prefix is not None:
             try:
                 self.prefix.reuse(sequence)
@@ -226,6 +239,12 @@ class Engine:
                 self.abort(sequence)  # the caller fails the request: leave no row behind
                 raise
         return sequence
+
+    @property
+    def num_orphan_rows(self) -> int:
+        """Rows taken from the target that no running sequence holds (0 unless a path
+        forgot to release one: such rows would keep every later request out)."""
+        return self.num_rows_taken - len(self.running)
 
     def abort(self, sequence: Sequence) -> None:
         """Drop ``sequence`` from the batch (cancelled, failed or finished)."""
@@ -235,6 +254,7 @@ class Engine:
         if sequence in self.running:
             self.running.remove(sequence)
             self.batched.release(sequence.row)
+            self.num_rows_taken -= 1
 
     def generate(self, request: GenerationRequest) -> Iterator[Event]:
         """Yield a TokenEvent per committed token, then one FinishEvent: ``request`` alone

@@ -17,18 +17,37 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from mtplx.errors import InvalidParameter
 
-__all__ = ["GrammarCompiler", "GrammarSpec", "GrammarState", "check_grammar"]
+__all__ = [
+    "MAX_GRAMMAR_CHARS",
+    "GrammarCompiler",
+    "GrammarSpec",
+    "GrammarState",
+    "check_grammar",
+    "grammar_thread",
+]
 
 GrammarKind = Literal["json_object", "json_schema", "regex", "lark"]
+T = TypeVar("T")
 _CACHE_SIZE = 64  # compiled grammars kept per tokenizer (schemas repeat across requests)
+# The longest schema, regex or Lark grammar a request may carry. It bounds both the time a
+# compile takes (llguidance's work grows with the grammar) and the depth its recursive
+# descent can reach (a chain of references nests one call per link).
+MAX_GRAMMAR_CHARS = 262_144
+# llguidance compiles grammars by recursive descent, one native frame per nesting level,
+# and overflows a default 8 MiB stack at a few thousand levels (a segfault, not an error).
+# Grammars are compiled on one thread whose stack holds every grammar of MAX_GRAMMAR_CHARS
+# (address space only: untouched pages are never committed).
+_GRAMMAR_STACK_BYTES = 1 << 30
+_MAX_MESSAGE_CHARS = 400
 
 
 @dataclass(frozen=True)
@@ -68,16 +87,72 @@ class GrammarSpec:
 
 _checked: OrderedDict[GrammarSpec, str] = OrderedDict()
 _checked_lock = threading.Lock()
+_thread_lock = threading.Lock()
+_thread: ThreadPoolExecutor | None = None
+_thread_ident: int | None = None
+
+
+def grammar_thread() -> ThreadPoolExecutor:
+    """The one thread that compiles grammars (started on first use, with a stack deep
+    enough for any grammar within MAX_GRAMMAR_CHARS). Submitting to it keeps compiles off
+    the event loop and off the engine thread."""
+    global _thread, _thread_ident
+    with _thread_lock:
+        if _thread is None:
+            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtplx-grammar")
+            previous = threading.stack_size(_GRAMMAR_STACK_BYTES)
+            try:  # the worker thread is created by the first submit, with this stack size
+                _thread_ident = executor.submit(threading.get_ident).result()
+            finally:
+                threading.stack_size(previous)
+            _thread = executor
+        return _thread
+
+
+def _on_grammar_thread(function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` on the grammar thread; the caller waits for it."""
+    executor = grammar_thread()
+    if threading.get_ident() == _thread_ident:
+        return function(*args)
+    return executor.submit(function, *args).result()
+
+
+def _plain(message: str) -> str:
+    """An llguidance message fit for a client: its first line, bounded (a Rust panic
+    carries its location and a backtrace after it)."""
+    first = message.strip().splitlines()[0] if message.strip() else "invalid"
+    return first if len(first) <= _MAX_MESSAGE_CHARS else first[:_MAX_MESSAGE_CHARS] + "..."
+
+
+def _check_size(spec: GrammarSpec) -> None:
+    if len(spec.source) > MAX_GRAMMAR_CHARS:
+        raise InvalidParameter(
+            spec.param,
+            f"the grammar is {len(spec.source):,} characters; at most {MAX_GRAMMAR_CHARS:,} "
+            "are accepted",
+            code="grammar_too_large",
+        )
 
 
 def check_grammar(spec: GrammarSpec) -> str:
     """Validate ``spec`` without a tokenizer (cached); its llguidance grammar. Raises
     InvalidParameter naming ``spec.param`` and the problem (an invalid schema, regex or
-    grammar)."""
+    grammar, or one over MAX_GRAMMAR_CHARS). The work runs on the grammar thread; the caller
+    waits for it."""
     with _checked_lock:
         if spec in _checked:
             _checked.move_to_end(spec)
             return _checked[spec]
+    _check_size(spec)
+    grammar = _on_grammar_thread(_validate, spec)
+    with _checked_lock:
+        _checked[spec] = grammar
+        while len(_checked) > _CACHE_SIZE:
+            _checked.popitem(last=False)
+    return grammar
+
+
+def _validate(spec: GrammarSpec) -> str:
     from llguidance import LLMatcher
 
     what = {"json_object": "JSON", "json_schema": "JSON schema", "regex": "regex"}
@@ -87,14 +162,10 @@ def check_grammar(spec: GrammarSpec) -> str:
     except (ValueError, TypeError) as exc:
         is_error, messages = True, [str(exc)]
     if is_error:
-        problem = messages[0] if messages else "invalid"
+        problem = _plain(messages[0]) if messages else "invalid"
         raise InvalidParameter(
             spec.param, f"invalid {what.get(spec.kind, 'grammar')}: {problem}", code="invalid_value"
         )
-    with _checked_lock:
-        _checked[spec] = grammar
-        while len(_checked) > _CACHE_SIZE:
-            _checked.popitem(last=False)
     return grammar
 
 
@@ -115,8 +186,7 @@ class GrammarCompiler:
     def warm(self) -> None:
         """Build the llguidance tokenizer now (server start), not in the first constrained
         request, where it would hold up the whole batch for about a second."""
-        with self._lock:
-            self._llguidance_tokenizer()
+        _on_grammar_thread(self._llguidance_tokenizer)
 
     def _llguidance_tokenizer(self) -> Any:
         if self._ll_tokenizer is None:
@@ -127,31 +197,45 @@ class GrammarCompiler:
             self._ll_tokenizer = llguidance.hf.from_tokenizer(hf, eos_token=eos)
         return self._ll_tokenizer
 
-    def state(self, spec: GrammarSpec, stop_ids: Iterable[int]) -> GrammarState:
-        """A fresh grammar state for one sequence whose stop tokens are ``stop_ids``."""
-        from llguidance import LLMatcher
-
+    def compile(self, spec: GrammarSpec) -> Any:
+        """The compiled matcher of ``spec`` (cached): checked, then built against the
+        tokenizer on the grammar thread. Raises InvalidParameter when ``spec`` is invalid or
+        admits no output at all. The server calls it before admission, so that the engine
+        thread finds the matcher ready."""
         with self._lock:
             matcher = self._compiled.get(spec)
-            if matcher is None:
-                tokenizer = self._llguidance_tokenizer()
-                matcher = LLMatcher(tokenizer, check_grammar(spec), log_level=0)
-                if matcher.is_error():
-                    raise InvalidParameter(spec.param, matcher.get_error(), code="invalid_value")
-                probe = matcher.deep_copy()
-                probe.compute_bitmask()  # finds out whether any token may start
-                if probe.is_error() or (probe.is_stopped() and not probe.is_accepting()):
-                    # Nothing can start and nothing is complete (`[^\s\S]`, a schema that is
-                    # only its own $ref): no text satisfies it, not even "".
-                    raise InvalidParameter(
-                        spec.param, "the grammar admits no output at all", code="invalid_value"
-                    )
-                self._compiled[spec] = matcher
-                while len(self._compiled) > _CACHE_SIZE:
-                    self._compiled.popitem(last=False)
-            self._compiled.move_to_end(spec)
-            eos = list(self._ll_tokenizer.eos_tokens)
-            return GrammarState(matcher.deep_copy(), self.vocab_size, stop_ids, eos)
+            if matcher is not None:
+                self._compiled.move_to_end(spec)
+                return matcher
+        grammar = check_grammar(spec)
+        matcher = _on_grammar_thread(self._build, spec, grammar)
+        with self._lock:
+            self._compiled[spec] = matcher
+            while len(self._compiled) > _CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        return matcher
+
+    def _build(self, spec: GrammarSpec, grammar: str) -> Any:
+        from llguidance import LLMatcher
+
+        matcher = LLMatcher(self._llguidance_tokenizer(), grammar, log_level=0)
+        if matcher.is_error():
+            raise InvalidParameter(spec.param, _plain(matcher.get_error()), code="invalid_value")
+        probe = matcher.deep_copy()
+        probe.compute_bitmask()  # finds out whether any token may start
+        if probe.is_error() or (probe.is_stopped() and not probe.is_accepting()):
+            # Nothing can start and nothing is complete (`[^\s\S]`, a schema that is only
+            # its own $ref): no text satisfies it, not even "".
+            raise InvalidParameter(
+                spec.param, "the grammar admits no output at all", code="invalid_value"
+            )
+        return matcher
+
+    def state(self, spec: GrammarSpec, stop_ids: Iterable[int]) -> GrammarState:
+        """A fresh grammar state for one sequence whose stop tokens are ``stop_ids``."""
+        matcher = self.compile(spec)
+        eos = list(self._ll_tokenizer.eos_tokens)
+        return GrammarState(matcher.deep_copy(), self.vocab_size, stop_ids, eos)
 
 
 class GrammarState:

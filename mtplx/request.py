@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mtplx.errors import InvalidParameter
-from mtplx.grammar import GrammarSpec, check_grammar
+from mtplx.grammar import GrammarSpec
 from mtplx.sampling import SamplerConfig
 
 DRAFTER_NAMES = ("mtp+ngram", "draft_model+ngram", "mtp", "draft_model", "ngram", "none")
@@ -23,7 +23,8 @@ class GenerationRequest:
     depth policy, an integer a fixed number of draft tokens per cycle (0 = plain decoding).
     ``logprobs`` None means no logprobs; k >= 0 means the sampled token's logprob plus the
     k most likely alternatives (OpenAI's ``top_logprobs``). ``grammar`` constrains the
-    output (JSON, a JSON schema, a regex, a Lark grammar); it is validated here.
+    output (JSON, a JSON schema, a regex, a Lark grammar); it is checked and compiled by
+    ``Engine.prepare`` (or ``Engine.add``), off the event loop.
     """
 
     prompt_ids: Sequence[int]
@@ -62,8 +63,6 @@ class GenerationRequest:
             raise InvalidParameter("logprobs", f"logprobs must be in [0, 20], got {self.logprobs}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidParameter("stop", "stop must be a list of non-empty strings")
-        if self.grammar is not None:
-            check_grammar(self.grammar)
 
 
 @dataclass(frozen=True)

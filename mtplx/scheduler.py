@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mtplx.grammar import grammar_thread
 from mtplx.prefix_cache import PrefixCacheStats
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
 
@@ -65,6 +66,11 @@ class EngineLike(Protocol):
     def has_room(self) -> bool: ...
 
     def validate(self, request: GenerationRequest) -> None: ...
+
+    def prepare(self, request: GenerationRequest) -> None: ...
+
+    @property
+    def num_orphan_rows(self) -> int: ...
 
     def add(self, request: GenerationRequest, tag: object = None) -> Any: ...
 
@@ -246,6 +252,9 @@ class Scheduler:
         self.num_steps = 0  # engine steps run, for /metrics
         self.step_rows_total = 0  # rows over all steps (mean batch size = this / num_steps)
         self.last_step_seconds = 0.0
+        # Rows the engine holds for no request, read on the worker thread after each admission
+        # and step: non-zero means requests cannot be admitted as they should (/health).
+        self.orphan_rows = 0
         # Called on the worker thread after each step with (rows, tokens, seconds): metrics.
         self.step_observer: Callable[[int, int, float], None] | None = None
 
@@ -376,6 +385,18 @@ class Scheduler:
 
     # -- asyncio side ---------------------------------------------------------------------
 
+    async def prepare(self, requests: Sequence[GenerationRequest]) -> None:
+        """The admission work that must hold up neither the event loop nor the batch
+        (grammars checked and compiled), on the grammar thread; call before ``submit``.
+        Raises what ``engine.prepare`` raises (ValueError for a bad grammar)."""
+        engine = self.engine
+        done: set[Any] = set()
+        for request in requests:
+            if request.grammar is None or request.grammar in done:
+                continue
+            done.add(request.grammar)
+            await asyncio.wrap_future(grammar_thread().submit(engine.prepare, request))
+
     def submit(
         self,
         requests: GenerationRequest | Sequence[GenerationRequest],
@@ -449,6 +470,7 @@ class Scheduler:
         self._ready.set()
         while self._admit(engine):
             self._drop_finished_tickets(engine)
+            self.orphan_rows = engine.num_orphan_rows
             if not engine.running:
                 continue
             started = time.monotonic()

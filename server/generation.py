@@ -44,13 +44,15 @@ class ClientDisconnected(Exception):
     """The client closed the connection before the reply was ready."""
 
 
-def submit(
+async def submit(
     scheduler: Scheduler,
     requests: Sequence[GenerationRequest],
     aliases: Mapping[str, str] | None = None,
 ) -> Ticket:
-    """Queue the requests as one ticket, or raise the APIError the client should see."""
+    """Prepare the requests (grammars compiled off the event loop) and queue them as one
+    ticket, or raise the APIError the client should see."""
     try:
+        await scheduler.prepare(requests)
         return scheduler.submit(requests)
     except QueueFull as exc:
         raise APIError(
@@ -61,7 +63,7 @@ def submit(
     except EngineNotReady as exc:
         headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
         raise APIError(503, str(exc), code="model_not_ready", headers=headers) from exc
-    except ValueError as exc:  # engine.validate
+    except ValueError as exc:  # engine.prepare, engine.validate
         raise from_value_error(exc, aliases) from exc
 
 

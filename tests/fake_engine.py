@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from mtplx.grammar import check_grammar
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
 
 EOS_ID = 256
@@ -108,6 +109,7 @@ class FakeEngine:
         self.running: list[FakeSequence] = []
         self.threads: set[int] = set()  # the threads that called add / step / abort
         self.num_steps = 0
+        self.num_orphan_rows = 0  # rows held for no request: a test may pretend a leak
         self._running = 0
         self._lock = threading.Lock()
 
@@ -167,6 +169,11 @@ class FakeEngine:
         for token_id in request.sampler.logit_bias:
             if token_id >= VOCAB_SIZE:
                 raise ValueError(f"logit_bias token id {token_id} is outside the vocabulary")
+
+    def prepare(self, request: GenerationRequest) -> None:
+        """Check the request's grammar, as the real engine does (it also compiles it)."""
+        if request.grammar is not None:
+            check_grammar(request.grammar)
 
     def token_text(self, token_id: int) -> str:
         """Text of one token, for top_logprobs."""

@@ -15,7 +15,7 @@ from scipy import stats
 
 from mtplx.engine import Engine
 from mtplx.errors import InvalidParameter
-from mtplx.grammar import GrammarCompiler, GrammarSpec, check_grammar
+from mtplx.grammar import MAX_GRAMMAR_CHARS, GrammarCompiler, GrammarSpec, check_grammar
 from mtplx.models import load, make_layer_skip_draft
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig, distribution_from_logits
@@ -108,7 +108,7 @@ def test_invalid_schema_and_regex_name_the_problem() -> None:
     with pytest.raises(InvalidParameter, match="must be an object"):
         GrammarSpec.json_schema([1, 2])
     with pytest.raises(InvalidParameter):
-        GenerationRequest([1], grammar=GrammarSpec("lark", "start: nope"))
+        check_grammar(GrammarSpec("lark", "start: nope"))
 
 
 def test_a_grammar_that_admits_nothing_is_invalid(small_engine: Engine) -> None:
@@ -122,6 +122,78 @@ def test_a_grammar_that_admits_nothing_is_invalid(small_engine: Engine) -> None:
         assert caught.value.param == spec.param
     empty = compiler.state(GrammarSpec("regex", "", param="mtplx.regex"), stop_ids={STOP})
     assert set(np.flatnonzero(empty.allowed())) == {STOP}  # "" is an answer: only stop
+
+
+def test_a_grammar_over_the_size_limit_is_refused_before_any_work() -> None:
+    spec = GrammarSpec("lark", "start: " + " | ".join(f'"t{i}"' for i in range(30_000)))
+    assert len(spec.source) > MAX_GRAMMAR_CHARS
+    with pytest.raises(InvalidParameter, match="at most") as caught:
+        check_grammar(spec)
+    assert caught.value.code == "grammar_too_large"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # Each nests one recursive-descent frame of llguidance's per link: a few thousand
+        # overflow a default thread stack and kill the process with SIGSEGV.
+        GrammarSpec(
+            "lark",
+            "start: r0\n" + "".join(f"r{i}: r{i + 1}\n" for i in range(5000)) + 'r5000: "x"\n',
+        ),
+        GrammarSpec.json_schema(
+            {
+                "$ref": "#/$defs/d0",
+                "$defs": {
+                    **{f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(3000)},
+                    "d3000": {"type": "string"},
+                },
+            }
+        ),
+    ],
+    ids=["lark-chain", "defs-chain"],
+)
+def test_deeply_nested_grammars_compile_without_crashing(small_engine: Engine, spec) -> None:
+    check_grammar(spec)
+    GrammarCompiler(small_engine.tokenizer, SMALL_VOCAB).compile(spec)
+
+
+@pytest.mark.parametrize("failure_point", ["grammar", "drafter", "emitter", "prefix"])
+def test_a_request_that_fails_in_add_leaves_no_row_behind(
+    small_engine: Engine, monkeypatch: pytest.MonkeyPatch, failure_point: str
+) -> None:
+    """Every way ``add`` can fail, as many times as there are rows: the batch still admits
+    a full set of requests afterwards."""
+    import mtplx.engine as engine_module
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected")
+
+    engine = small_engine
+    unsatisfiable = GenerationRequest(
+        [1, 2], GREEDY, max_tokens=2, grammar=GrammarSpec("regex", r"[^\s\S]")
+    )
+    request = GenerationRequest([1, 2], GREEDY, max_tokens=2)
+    with monkeypatch.context() as patch:
+        if failure_point == "grammar":
+            request = unsatisfiable
+        elif failure_point == "drafter":
+            patch.setitem(engine._drafters, engine.default_drafter, fail)
+        elif failure_point == "emitter":
+            patch.setattr(engine_module, "TextEmitter", fail)
+        else:
+            patch.setattr(engine, "prefix", type("Broken", (), {"reuse": fail})())
+        for _ in range(engine.max_num_seqs + 1):
+            with pytest.raises((InvalidParameter, RuntimeError)):
+                engine.add(request)
+    assert engine.num_orphan_rows == 0 and not engine.running
+    sequences = [
+        engine.add(GenerationRequest([1, 2], GREEDY, max_tokens=2))
+        for _ in range(engine.max_num_seqs)
+    ]
+    for sequence in sequences:
+        engine.abort(sequence)
+    assert engine.num_orphan_rows == 0
 
 
 def test_state_masks_stop_tokens_and_rollback(small_engine: Engine) -> None:

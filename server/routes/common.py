@@ -68,7 +68,7 @@ async def start_chat(
     the tool plan or the request's own grammar, admission."""
     prompt, plan = await chat_prompt_for(ctx, body, continue_final=continue_final)
     requests = build_requests(body, [prompt], ctx.engine(), ctx.settings, reply_grammar(body, plan))
-    return prompt, plan, submit(ctx.scheduler, requests, aliases_for(body))
+    return prompt, plan, await submit(ctx.scheduler, requests, aliases_for(body))
 
 
 def new_id(prefix: str) -> str:

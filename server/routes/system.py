@@ -57,7 +57,8 @@ def _blas(ctx: Any) -> Any:
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    """200 when serving; 503 while the model loads or after it failed to."""
+    """200 when serving; 503 while the model loads, after it failed to, or when the engine
+    holds rows for no request (it could not admit what it should)."""
     ctx = get_context(request)
     stats = ctx.scheduler.stats()
     body: dict[str, Any] = {
@@ -72,7 +73,11 @@ async def health(request: Request) -> JSONResponse:
         },
         "blas": _blas(ctx),
     }
-    if stats.state == "ready":
+    orphan_rows = ctx.scheduler.orphan_rows
+    if stats.state == "ready" and orphan_rows:
+        body["status"] = "error"
+        body["error"] = f"{orphan_rows} batch rows are held by no request"
+    elif stats.state == "ready":
         engine = ctx.scheduler.engine
         body.update(
             model=ctx.model_id(),

@@ -293,3 +293,34 @@ async def test_required_tools_with_the_requests_own_constraint_is_a_400(
         r = await client.post(CHAT, json=body)
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == param
+
+
+async def test_grammars_that_admit_nothing_answer_400_and_leave_the_batch_whole(
+    client: Any, real_engine: Any
+) -> None:
+    """More refused grammars than the batch has rows, of each kind: every one a 400, and
+    afterwards a plain request still runs and /health says ok."""
+    never = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"$ref": "#"}}}
+    for _ in range(real_engine.max_num_seqs + 2):
+        r = await client.post(CHAT, json=chat(max_tokens=4, mtplx={"regex": "[^\\s\\S]"}))
+        assert r.status_code == 400 and "admits no output" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "mtplx.regex"
+        r = await client.post(CHAT, json=chat(max_tokens=4, response_format=never))
+        assert r.status_code == 400, r.text
+    r = await client.post(CHAT, json=chat(max_tokens=4))
+    assert r.status_code == 200, r.text
+    health = await client.get("/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert real_engine.num_orphan_rows == 0
+
+
+async def test_grammar_errors_are_plain_and_bounded(client: Any) -> None:
+    huge = "start: " + " | ".join(f'"t{i}"' for i in range(200_000))
+    r = await client.post(CHAT, json=chat(max_tokens=4, mtplx={"grammar": huge}))
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "mtplx.grammar" and error["code"] == "grammar_too_large"
+    r = await client.post(CHAT, json=chat(max_tokens=4, mtplx={"grammar": "start: ((("}))
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert "\n" not in message and "backtrace" not in message and len(message) < 500

@@ -46,6 +46,20 @@ async def test_health_when_ready(make_app):
     assert body["uptime_s"] >= 0
 
 
+async def test_health_is_not_ok_while_rows_are_held_for_no_request(make_app):
+    engine = FakeEngine()
+    app = make_app(engine)
+    engine.num_orphan_rows = 2  # as if a failed admission had kept two rows
+    async with _client(app) as c:
+        assert (await c.post("/v1/chat/completions", json=chat_body())).status_code == 200
+        r = await c.get("/health")
+        assert r.status_code == 503
+        assert r.json()["status"] == "error" and "2 batch rows" in r.json()["error"]
+        engine.num_orphan_rows = 0
+        assert (await c.post("/v1/chat/completions", json=chat_body())).status_code == 200
+        assert (await c.get("/health")).status_code == 200
+
+
 async def test_health_adaptive_depth_and_broken_blas_probe(make_app):
     app = make_app(FakeEngine(default_depth=None))
 
