@@ -127,6 +127,9 @@ class Engine:
             getattr(self.tokenizer, "eos_token_ids", set()) or set()
         )
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
+        # A token whose text ends in a letter: fed to a detokenizer first (and its text
+        # dropped), it makes the output's text continue the prompt's (``TextEmitter``).
+        self._primer = self.tokenizer.encode("a", add_special_tokens=False)[-1]
         self.running: list[Sequence] = []
         self.num_rows_taken = 0  # rows handed out by ``add`` and not yet released
         self.num_steps = 0
@@ -212,7 +215,8 @@ class Engine:
         prompt = [int(t) for t in request.prompt_ids]
         if drafter is not None:
             drafter.reset(prompt)
-        emitter = TextEmitter(self.tokenizer.detokenizer, request.stop)
+        primer = None if request.starts_reply else self._primer
+        emitter = TextEmitter(self.tokenizer.detokenizer, request.stop, primer)
         token_counts = mx.zeros((self.vocab_size,), mx.int32) if config.has_penalties else None
         sequence = Sequence(
             request=request,

@@ -15,11 +15,20 @@ from typing import Any
 class TextEmitter:
     """Streaming text of one sequence with stop-string handling."""
 
-    def __init__(self, detokenizer: Any, stop: Sequence[str] = ()) -> None:
+    def __init__(
+        self, detokenizer: Any, stop: Sequence[str] = (), primer: int | None = None
+    ) -> None:
         """detokenizer: an mlx-lm StreamingDetokenizer (reset / add_token / last_segment /
-        finalize); it never splits a UTF-8 character across segments."""
+        finalize); it never splits a UTF-8 character across segments. mlx-lm's detokenizers
+        drop the leading space of the first token (right when the text starts a reply of
+        its own). ``primer``: a token fed first and its text dropped, so that the text
+        continues a prompt instead, keeping that space: the concatenation of its tokens'
+        text."""
         self.detokenizer = detokenizer
         self.detokenizer.reset()
+        if primer is not None:
+            self.detokenizer.add_token(primer)
+            _ = self.detokenizer.last_segment
         self.stop = tuple(stop)
         self.held = ""  # released by the detokenizer, not yet by us
         self.stopped = False

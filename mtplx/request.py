@@ -24,7 +24,10 @@ class GenerationRequest:
     ``logprobs`` None means no logprobs; k >= 0 means the sampled token's logprob plus the
     k most likely alternatives (OpenAI's ``top_logprobs``). ``grammar`` constrains the
     output (JSON, a JSON schema, a regex, a Lark grammar); it is checked and compiled by
-    ``Engine.prepare`` (or ``Engine.add``), off the event loop.
+    ``Engine.prepare`` (or ``Engine.add``), off the event loop. ``starts_reply``: the output
+    is a reply of its own (a chat turn), whose leading word-initial space is dropped as
+    decoding it alone would; False: it continues the prompt's text, and its text is exactly
+    the concatenation of its tokens' text.
     """
 
     prompt_ids: Sequence[int]
@@ -37,6 +40,7 @@ class GenerationRequest:
     depth: int | None = None
     logprobs: int | None = None
     grammar: GrammarSpec | None = None
+    starts_reply: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):

@@ -54,6 +54,7 @@ class EngineLike(Protocol):
 
     tokenizer: Any
     model_name: str
+    vocab_size: int
     context_length: int
     default_drafter: str
     default_depth: int | None

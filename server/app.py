@@ -30,7 +30,7 @@ from server.openapi import document_request_bodies
 from server.paths import TrailingSlashMiddleware
 from server.request_log import RequestLogMiddleware
 from server.responses_api import ResponsesRequest
-from server.routes import chat, completions, messages, page, responses, system
+from server.routes import chat, completions, messages, page, responses, system, tokenize
 from server.schemas import ChatCompletionRequest, CompletionRequest
 from server.settings import ServerSettings
 
@@ -83,6 +83,7 @@ def create_app(
     app.include_router(messages.router)
     app.include_router(responses.router)
     app.include_router(system.router)
+    app.include_router(tokenize.router)
     app.include_router(page.router)
     document_request_bodies(
         app,

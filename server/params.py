@@ -202,6 +202,7 @@ def build_requests(
                         depth=depth,
                         logprobs=logprobs,
                         grammar=grammar,
+                        starts_reply=prompt.starts_reply,
                     )
                 )
             except ValueError as exc:

@@ -43,10 +43,12 @@ _TOKENIZER_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt as token ids, and its text (for ``echo``)."""
+    """One prompt as token ids, and its text (for ``echo``). ``starts_reply``: the output
+    begins a chat turn of its own (not a continuation of the prompt's text)."""
 
     token_ids: list[int]
     text: str
+    starts_reply: bool = False
 
 
 def count_prompts(prompt: str | list[Any]) -> int:
@@ -172,7 +174,7 @@ def chat_prompt(
         head = chat_prompt(tokenizer, messages[:-1], False, head_conversation, tools)
         prefill = message_text(messages[-1], len(messages) - 1)
         ids = tokenizer.encode(prefill, add_special_tokens=False) if prefill else []
-        return Prompt(head.token_ids + [int(t) for t in ids], "")
+        return Prompt(head.token_ids + [int(t) for t in ids], "", starts_reply=not ids)
     if conversation is None:
         conversation = [
             {"role": "system" if m.role == "developer" else m.role, "content": message_text(m, i)}
@@ -185,7 +187,7 @@ def chat_prompt(
         )
     except (ValueError, TypeError, KeyError) as exc:  # no template, or one rejecting the roles
         raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
-    return Prompt(_as_token_ids(tokenizer, ids), "")
+    return Prompt(_as_token_ids(tokenizer, ids), "", starts_reply=True)
 
 
 def completion_prompts(tokenizer: Any, prompt: str | list[Any]) -> list[Prompt]:

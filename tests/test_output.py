@@ -77,3 +77,41 @@ def test_the_matched_stop_string_is_recorded():
     # "EN" and "END" both start at the same place; the first listed of them wins.
     assert emitter.stopped and emitter.matched == "END"
     assert TextEmitter(PieceDetokenizer(["a"]), ["x"]).matched is None
+
+
+class _Vocabulary:
+    """The slice of a Hugging Face tokenizer mlx-lm's detokenizers read: token strings."""
+
+    def __init__(self, tokens: list[str]) -> None:
+        self.tokens = tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.tokens[i] for i in ids]
+
+
+# Word-initial tokens carry the space: "Ġ" in byte-level BPE (the default model's, GPT-2's),
+# "▁" in SentencePiece (Llama's).
+_BPE = ["a", "Ġtime", ",", "Ġthe", "Ġcity", "Ċ"]
+_SPM = ["a", "▁time", ",", "▁the", "▁city", "<0x0A>"]
+
+
+def _text(detokenizer: object, tokens: list[int], primer: int | None) -> str:
+    emitter = TextEmitter(detokenizer, (), primer)
+    return "".join(emitter.add(t) for t in tokens) + emitter.flush()
+
+
+def test_a_continuation_keeps_its_first_space_under_both_conventions() -> None:
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
+
+    for detokenizer in (
+        BPEStreamingDetokenizer(_Vocabulary(_BPE)),
+        SPMStreamingDetokenizer(_Vocabulary(_SPM)),
+    ):
+        tokens = [1, 2, 3, 4, 5, 1]
+        # Continuing a prompt: the concatenation of the tokens' text.
+        assert _text(detokenizer, tokens, primer=0) == " time, the city\n time"
+        # A reply of its own: the first token's word-initial space is dropped.
+        assert _text(detokenizer, tokens, primer=None) == "time, the city\n time"

@@ -109,6 +109,37 @@ async def test_completions_streaming_and_not_equal_engine_output(app, client, re
     assert by_ids["choices"][0]["text"] == expected
 
 
+async def test_completion_text_is_its_tokens_text_and_a_chat_reply_drops_a_leading_space(
+    app, client, real_engine
+):
+    """A completion continues its prompt: its text (streamed, echoed) is the concatenation
+    of its tokens' text, a leading space included; a chat reply starts a turn of its own."""
+    (space,) = real_engine.tokenizer.encode(" ", add_special_tokens=False)
+    body = {
+        "model": MODEL,
+        "prompt": "Once upon a",
+        "max_tokens": 4,
+        "temperature": 0,
+        "logprobs": 1,
+        "logit_bias": {str(space): 100},  # every token a space
+    }
+    choice = (await client.post(COMPLETIONS, json=body)).json()["choices"][0]
+    assert choice["text"] == "".join(choice["logprobs"]["tokens"]) == "    "
+    echoed = (await client.post(COMPLETIONS, json={**body, "echo": True, "logprobs": None})).json()
+    assert echoed["choices"][0]["text"] == "Once upon a    "
+    text, _ = await stream_text(app, COMPLETIONS, {**body, "stream": True})
+    assert text == "    "
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 2,
+        "temperature": 0,
+        "logit_bias": {str(space): 100},
+    }
+    reply = (await client.post(CHAT, json=chat)).json()["choices"][0]["message"]["content"]
+    assert reply == " "  # the first of the two spaces is the turn's leading space
+
+
 async def test_sixteen_concurrent_greedy_streams_match_their_solo_runs(app, real_engine):
     bodies = [chat(f"client {i} says hi", max_tokens=16, temperature=0) for i in range(16)]
     solo = [await stream_text(app, CHAT, {**b, "stream": True}) for b in bodies]
