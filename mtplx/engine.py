@@ -30,7 +30,7 @@ import mlx.core as mx
 
 from mtplx.drafters.factories import drafter_factories
 from mtplx.errors import InvalidParameter
-from mtplx.events import record_cycle, token_event
+from mtplx.events import prompt_logprobs, record_cycle, token_event
 from mtplx.grammar import GrammarCompiler
 from mtplx.models.base import LoadedModel, TargetModel
 from mtplx.models.batched import BatchedTarget, RowOutput, batched_target
@@ -393,8 +393,7 @@ class Engine:
             return
         inputs += [mx.array(chunk, mx.int32) for _, chunk in chunks]
         wanted = ["all"] * (len(plain) + len(drafting) + len(ahead)) + [
-            "last" if s.num_prefilled + len(chunk) >= s.num_prompt_tokens else "none"
-            for s, chunk in chunks
+            _chunk_logits(s, len(chunk)) for s, chunk in chunks
         ]
         try:
             outputs = self.batched.forward([s.row for s in rows], inputs, wanted)
@@ -558,6 +557,7 @@ class Engine:
         drafter = sequence.drafter
         if drafter is not None and drafter.needs_hidden:
             sequence.prefill_hidden.append(output.hidden)
+        output = self._scored(sequence, output)
         sequence.num_prefilled += size
         sequence.stats.prefill_time += seconds
         if self.prefix is not None:
@@ -599,11 +599,13 @@ class Engine:
         started = time.perf_counter()
         last = sequence.num_prefilled + len(chunk) >= sequence.num_prompt_tokens
         tokens = mx.array(chunk, mx.int32)
-        output = self.batched.forward([sequence.row], [tokens], "last")[0]
+        wanted = _chunk_logits(sequence, len(chunk))
+        output = self.batched.forward([sequence.row], [tokens], wanted)[0]
         drafter = sequence.drafter
         if drafter is not None and drafter.needs_hidden:
             sequence.prefill_hidden.append(output.hidden)
-        mx.eval(output.logits if last else output.hidden, sequence.prefill_hidden)
+        mx.eval(output.hidden if output.logits is None else output.logits, sequence.prefill_hidden)
+        output = self._scored(sequence, output)
         start = sequence.num_prefilled
         sequence.num_prefilled += len(chunk)
         if self.prefix is not None:
@@ -614,8 +616,26 @@ class Engine:
             self._first_token(sequence, output)
         sequence.stats.prefill_time += time.perf_counter() - started
 
+    def _scored(self, sequence: Sequence, output: RowOutput) -> RowOutput:
+        """Score a prompt chunk that fed with every position's logits (``prompt_logprobs``);
+        the chunk's output with its last position's logits only, as an unscored one has."""
+        num_top = sequence.request.prompt_logprobs
+        if num_top is None or output.logits is None:
+            return output
+        sequence.prompt_logprobs += prompt_logprobs(
+            output.logits,
+            sequence.tokens[: sequence.num_prompt_tokens],
+            sequence.num_prefilled,
+            num_top,
+        )
+        return RowOutput(output.logits[-1:], output.hidden)
+
     def _first_token(self, sequence: Sequence, output: RowOutput) -> None:
-        """Sample the token after the prompt and bring the drafter up to date."""
+        """Sample the token after the prompt and bring the drafter up to date (nothing to
+        sample when the request only scores its prompt: ``max_tokens`` 0)."""
+        if sequence.request.max_tokens == 0:
+            sequence.pending = CycleResult([], 0, 0, output.logits, 0.0, 0.0)
+            return
         counts = None if sequence.token_counts is None else sequence.token_counts[None]
         grammar, mask = sequence.grammar, None
         if grammar is not None:
@@ -645,6 +665,8 @@ class Engine:
         assert result is not None
         request, stats, emitter = sequence.request, sequence.stats, sequence.emitter
         events: list[Event] = []
+        if request.max_tokens == 0:
+            return [self._finish(sequence, "length")]
         for index, token in enumerate(result.committed):
             sequence.tokens.append(token)
             self.num_step_tokens += 1
@@ -671,7 +693,10 @@ class Engine:
         self, sequence: Sequence, reason: str, text: str = "", stop_sequence: str | None = None
     ) -> FinishEvent:
         sequence.finished = True
-        return FinishEvent(reason, sequence.stats, text, stop_sequence)  # type: ignore[arg-type]
+        scored = None
+        if sequence.request.prompt_logprobs is not None:
+            scored = tuple(sequence.prompt_logprobs)
+        return FinishEvent(reason, sequence.stats, text, stop_sequence, scored)  # type: ignore[arg-type]
 
     def _fail(self, sequence: Sequence, exc: BaseException, events: list[StepEvent]) -> None:
         """Fail one request: it leaves the batch with its exception as its last event."""
@@ -696,3 +721,11 @@ class Engine:
             self.grammars.warm()
         except Exception:  # a tokenizer llguidance cannot read: constrained requests fail alone
             logger.warning("constrained decoding is unavailable for this tokenizer", exc_info=True)
+
+
+def _chunk_logits(sequence: Sequence, size: int) -> str:
+    """The logits a prompt chunk's forward asks for: every position's when the request
+    scores its prompt, else the last position's after the prompt's last chunk only."""
+    if sequence.request.prompt_logprobs is not None:
+        return "all"
+    return "last" if sequence.num_prefilled + size >= sequence.num_prompt_tokens else "none"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mtplx.request import GenerationStats, TokenEvent
+from mtplx.request import GenerationStats, PromptLogprob, TokenEvent
 from mtplx.speculative import CycleResult
 
 
@@ -23,6 +23,37 @@ def token_event(
         pairs = zip(top_ids.tolist(), log_probs[top_ids].tolist(), strict=True)
         top = tuple(sorted(pairs, key=lambda pair: -pair[1]))
     return TokenEvent(token, text, drafted, float(log_probs[token].item()), top)
+
+
+def prompt_logprobs(
+    logits: mx.array, tokens: list[int], start: int, num_top: int
+) -> list[PromptLogprob]:
+    """Score a prompt chunk: ``logits`` [T, V] of the chunk's positions start .. start + T - 1
+    of the prompt ``tokens``; position p predicts token p + 1 (the last prompt position
+    predicts the output, not a prompt token). The first prompt token, which nothing
+    predicts, scores None."""
+    scored = [PromptLogprob(tokens[0], None)] if start == 0 else []
+    num = min(logits.shape[0], len(tokens) - 1 - start)
+    if num <= 0:
+        return scored
+    logits = logits[:num].astype(mx.float32)
+    log_probs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # [num, V]
+    targets = mx.array(tokens[start + 1 : start + 1 + num], mx.int32)
+    chosen = mx.take_along_axis(log_probs, targets[:, None], axis=-1)  # [num, 1]
+    ranks = (mx.sum(log_probs > chosen, axis=-1) + 1).tolist()
+    chosen = chosen[:, 0].tolist()
+    tops: list[tuple[tuple[int, float], ...]] = [()] * num
+    if num_top > 0:
+        top_ids = mx.argpartition(-log_probs, kth=num_top - 1, axis=-1)[:, :num_top]
+        top_values = mx.take_along_axis(log_probs, top_ids, axis=-1)
+        tops = [
+            tuple(sorted(zip(ids, values, strict=True), key=lambda pair: -pair[1]))
+            for ids, values in zip(top_ids.tolist(), top_values.tolist(), strict=True)
+        ]
+    scored += [
+        PromptLogprob(tokens[start + 1 + i], chosen[i], ranks[i], tops[i]) for i in range(num)
+    ]
+    return scored
 
 
 def record_cycle(stats: GenerationStats, result: CycleResult) -> None:

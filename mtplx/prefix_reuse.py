@@ -65,8 +65,9 @@ class PrefixReuse:
     def reuse(self, sequence: Sequence) -> None:
         """Load the cached blocks that continue the row's fed prompt, up to the last place
         the row may resume. The prompt's last token is always fed (its logits give the
-        first token)."""
-        if sequence.num_prefilled % self.stride:
+        first token). Not for a row that scores its prompt: that needs every position's
+        logits, which cached blocks do not hold."""
+        if sequence.num_prefilled % self.stride or sequence.request.prompt_logprobs is not None:
             return
         size = self.cache.block_size
         blocks = self.cache.match(sequence.tokens, sequence.num_prompt_tokens - 1)
@@ -87,6 +88,8 @@ class PrefixReuse:
         then waits for it to be cached rather than computing it again (not for blocks past
         what the budget keeps: evicted at once, they would only delay the row)."""
         end = sequence.num_prefilled + self.stride
+        if sequence.request.prompt_logprobs is not None:
+            return False  # it reuses no blocks (``reuse``): it feeds every position itself
         if sequence.num_prefilled % self.stride or end >= sequence.num_prompt_tokens:
             return False
         if not self.cache.can_keep(end // self.cache.block_size):

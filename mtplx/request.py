@@ -27,7 +27,10 @@ class GenerationRequest:
     ``Engine.prepare`` (or ``Engine.add``), off the event loop. ``starts_reply``: the output
     is a reply of its own (a chat turn), whose leading word-initial space is dropped as
     decoding it alone would; False: it continues the prompt's text, and its text is exactly
-    the concatenation of its tokens' text.
+    the concatenation of its tokens' text. ``prompt_logprobs`` k: score the prompt too,
+    each prompt token's logprob under the model given the tokens before it, plus the k most
+    likely alternatives (``FinishEvent.prompt_logprobs``); ``max_tokens`` may then be 0,
+    to score the prompt alone.
     """
 
     prompt_ids: Sequence[int]
@@ -41,14 +44,18 @@ class GenerationRequest:
     logprobs: int | None = None
     grammar: GrammarSpec | None = None
     starts_reply: bool = False
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
             raise InvalidParameter(
                 "max_tokens", f"max_tokens must be an integer, got {self.max_tokens!r}"
             )
-        if self.max_tokens <= 0:
-            raise InvalidParameter("max_tokens", f"max_tokens must be > 0, got {self.max_tokens}")
+        least = 0 if self.prompt_logprobs is not None else 1
+        if self.max_tokens < least:
+            raise InvalidParameter(
+                "max_tokens", f"max_tokens must be >= {least}, got {self.max_tokens}"
+            )
         if len(self.prompt_ids) == 0:
             raise InvalidParameter("prompt_ids", "prompt_ids must not be empty")
         if self.drafter is not None and self.drafter not in DRAFTER_NAMES:
@@ -63,10 +70,27 @@ class GenerationRequest:
             raise InvalidParameter(
                 "depth", f"depth must be an integer in [0, {MAX_DEPTH}], got {self.depth!r}"
             )
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise InvalidParameter("logprobs", f"logprobs must be in [0, 20], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 20:
+                raise InvalidParameter(name, f"{name} must be in [0, 20], got {value}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidParameter("stop", "stop must be a list of non-empty strings")
+
+
+TopLogprobs = tuple[tuple[int, float], ...]  # (token id, logprob), best first
+
+
+@dataclass(frozen=True)
+class PromptLogprob:
+    """One prompt token scored: its logprob given the tokens before it and its rank there
+    (1: the most likely), None for the first token, which nothing predicts; and the most
+    likely alternatives there."""
+
+    token_id: int
+    logprob: float | None
+    rank: int | None = None
+    top_logprobs: TopLogprobs = ()
 
 
 @dataclass(frozen=True)
@@ -78,7 +102,7 @@ class TokenEvent:
     text: str
     drafted: bool  # an accepted draft token (False: recovered, bonus or plainly sampled)
     logprob: float | None = None
-    top_logprobs: tuple[tuple[int, float], ...] | None = None  # (token id, logprob), best first
+    top_logprobs: TopLogprobs | None = None
 
 
 @dataclass
@@ -124,3 +148,4 @@ class FinishEvent:
     stats: GenerationStats
     text: str = ""
     stop_sequence: str | None = None
+    prompt_logprobs: tuple[PromptLogprob, ...] | None = None  # when the request scored it

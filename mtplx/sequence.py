@@ -12,7 +12,13 @@ from mtplx.drafters import Drafter
 from mtplx.models.batched import Row
 from mtplx.output import TextEmitter
 from mtplx.planner import Plan
-from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
+from mtplx.request import (
+    FinishEvent,
+    GenerationRequest,
+    GenerationStats,
+    PromptLogprob,
+    TokenEvent,
+)
 from mtplx.sampling import SamplerConfig
 
 if TYPE_CHECKING:
@@ -49,6 +55,7 @@ class Sequence:
     ahead: Ahead | None = None  # the queued plain forward of the newest token
     queued: QueuedDraft | None = None  # a drafting cycle whose verdict is still computing
     planned: Plan | None = None  # a drafting cycle waiting for its ahead to close
+    prompt_logprobs: list[PromptLogprob] = field(default_factory=list)  # scored so far
     finished: bool = False
     failed: bool = False  # its state may be inconsistent: nothing of it is cached
     tag: Any = None  # the caller's handle (the scheduler's ticket and choice index)

@@ -13,7 +13,13 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
+from mtplx.request import (
+    FinishEvent,
+    GenerationRequest,
+    GenerationStats,
+    PromptLogprob,
+    TokenEvent,
+)
 from mtplx.scheduler import (
     EngineNotReady,
     GenerationFailed,
@@ -92,6 +98,7 @@ class ChoiceResult:
     finish_reason: str | None = None
     stop_sequence: str | None = None  # the stop string that ended it, if one did
     stats: GenerationStats | None = None
+    prompt_logprobs: tuple[PromptLogprob, ...] | None = None  # when the prompt was scored
 
 
 async def collect(
@@ -114,6 +121,7 @@ async def collect(
                 result.finish_reason = event.finish_reason
                 result.stop_sequence = event.stop_sequence
                 result.stats = event.stats
+                result.prompt_logprobs = event.prompt_logprobs
     return results
 
 

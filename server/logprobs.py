@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mtplx.request import TokenEvent
+from mtplx.request import PromptLogprob, TokenEvent
 
-__all__ = ["chat_logprobs", "completion_logprobs"]
+__all__ = ["chat_logprobs", "completion_logprobs", "echoed_logprobs", "vllm_prompt_logprobs"]
 
 TokenText = Callable[[int], str]
 
@@ -49,3 +49,56 @@ def completion_logprobs(
         "top_logprobs": top,
         "text_offset": offsets,
     }
+
+
+def echoed_logprobs(
+    token_text: TokenText, scored: Sequence[PromptLogprob], completion: dict[str, Any]
+) -> dict[str, Any]:
+    """``choice.logprobs`` of a completion with ``echo``: the prompt's tokens first (the
+    first one's logprob and alternatives null, as OpenAI's legacy API gave them), then the
+    completion's (``completion``: ``completion_logprobs`` of its tokens, offsets counted
+    from the start of the echoed text)."""
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    offset = 0
+    for entry in scored:
+        text = token_text(entry.token_id)
+        tokens.append(text)
+        token_logprobs.append(entry.logprob)
+        top.append(
+            None if entry.logprob is None else {token_text(t): lp for t, lp in entry.top_logprobs}
+        )
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens + completion["tokens"],
+        "token_logprobs": token_logprobs + completion["token_logprobs"],
+        "top_logprobs": top + completion["top_logprobs"],
+        "text_offset": offsets + completion["text_offset"],
+    }
+
+
+def vllm_prompt_logprobs(
+    token_text: TokenText, scored: Sequence[PromptLogprob]
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token None (the first) or a map from token id
+    (a string) to ``{"logprob", "rank", "decoded_token"}``: the prompt's own token and the
+    most likely alternatives."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for entry in scored:
+        if entry.logprob is None:
+            out.append(None)
+            continue
+        ranked = {entry.token_id: (entry.logprob, entry.rank)}
+        for rank, (token_id, logprob) in enumerate(entry.top_logprobs, start=1):
+            ranked.setdefault(token_id, (logprob, rank))
+        out.append(
+            {
+                str(token_id): {
+                    "logprob": logprob,
+                    "rank": rank,
+                    "decoded_token": token_text(token_id),
+                }
+                for token_id, (logprob, rank) in ranked.items()
+            }
+        )
+    return out

@@ -101,15 +101,19 @@ def _max_tokens(
     return requested, field
 
 
+def prompt_logprobs(body: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """How many alternatives each scored prompt token carries, None when the prompt is not
+    scored: completions score it for ``echo`` with ``logprobs`` (OpenAI's legacy way, what
+    lm-evaluation-harness sends) or for vLLM's ``prompt_logprobs``."""
+    if not isinstance(body, CompletionRequest):
+        return None
+    if body.prompt_logprobs is not None:
+        return body.prompt_logprobs
+    return body.logprobs if body.echo else None
+
+
 def _logprobs(body: ChatCompletionRequest | CompletionRequest) -> int | None:
     if isinstance(body, CompletionRequest):
-        if body.echo and body.logprobs is not None:
-            raise APIError(
-                400,
-                "echo with logprobs is not supported (no prompt logprobs)",
-                param="echo",
-                code="unsupported_parameter",
-            )
         return body.logprobs
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(
@@ -152,6 +156,15 @@ def build_requests(
     if any(not s for s in stop):
         raise APIError(400, "stop strings must not be empty", param="stop", code="invalid_value")
     logprobs = _logprobs(body)
+    scored = prompt_logprobs(body)
+    if scored is not None and body.stream:
+        raise APIError(
+            400,
+            "prompt logprobs (echo with logprobs, prompt_logprobs) are not streamed: "
+            "send the request with stream false",
+            param="stream",
+            code="unsupported_parameter",
+        )
     options = body.mtplx
     drafter = options.drafter if options else None  # None: the engine's default drafter
     # GenerationRequest.depth None means adaptive; only an explicit "depth" (even null)
@@ -203,6 +216,7 @@ def build_requests(
                         logprobs=logprobs,
                         grammar=grammar,
                         starts_reply=prompt.starts_reply,
+                        prompt_logprobs=scored,
                     )
                 )
             except ValueError as exc:

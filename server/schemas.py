@@ -138,7 +138,7 @@ class _SamplingFields(_Strict):
     """Parameters chat and completions share."""
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=0)  # 0: score the prompt only (completions)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)  # -1 and 0 both mean off (vLLM uses -1)
@@ -185,6 +185,8 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
+    # vLLM's extension: the prompt tokens' logprobs, with this many alternatives each.
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
     best_of: int | None = Field(None, ge=1)
     response_format: Any = None  # checked by server.structured
     suffix: Any = None

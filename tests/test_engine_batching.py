@@ -20,7 +20,7 @@ from mtplx.sampling import SamplerConfig
 from mtplx.sequence import Sequence
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head
-from tests.test_engine import _prompts, load_fixture
+from tests.test_engine import _prompts, generate, load_fixture
 from tests.test_speculative import (
     NUM_GENERATED,
     SIGNIFICANCE,
@@ -207,3 +207,43 @@ def test_a_short_prompt_behind_a_long_one_starts_at_once(engine: Engine) -> None
         assert not long.prefilled  # the long prompt is still being fed beside it
     engine.abort(long)
     engine.abort(short)
+
+
+def _scores(finish: FinishEvent) -> list[tuple[int, float | None, tuple]]:
+    assert finish.prompt_logprobs is not None
+    return [(s.token_id, s.logprob, s.rank, s.top_logprobs) for s in finish.prompt_logprobs]
+
+
+def test_prompt_logprobs_equal_the_models_own_and_hold_under_load(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt scored alone (max_tokens 0: nothing generated) gives the model's own
+    log-softmax of a plain forward over the prompt; the same bits beside decoding rows and
+    fed in other chunk sizes."""
+    import mlx.core as mx
+
+    prompt = _prompts(engine.vocab_size, 12)[9] * 2
+    scoring = GenerationRequest(prompt, GREEDY, max_tokens=0, prompt_logprobs=3)
+    tokens, finish = generate(engine, scoring)
+    assert tokens == [] and finish.finish_reason == "length"
+    alone = _scores(finish)
+    assert [token for token, _, _, _ in alone] == prompt
+    assert alone[0][1:] == (None, None, ())
+    target = engine.model.target
+    logits, _ = target(mx.array(prompt)[None], target.make_cache())
+    reference = (logits[0] - mx.logsumexp(logits[0], axis=-1, keepdims=True)).tolist()
+    for position, (token, logprob, rank, top) in enumerate(alone[1:]):
+        expected = reference[position]
+        assert logprob == pytest.approx(expected[token], abs=1e-4)
+        assert rank == 1 + sum(value > expected[token] + 1e-4 for value in expected)
+        best = sorted(range(len(expected)), key=lambda t: -expected[t])[:3]
+        assert [t for t, _ in top] == best
+        assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+    # Beside three decoding rows, and with a generated continuation.
+    others = [GenerationRequest(p, GREEDY, max_tokens=12) for p in _prompts(engine.vocab_size, 3)]
+    scored_and_generating = GenerationRequest(prompt, GREEDY, max_tokens=4, prompt_logprobs=3)
+    _, last = run_batch(engine, [*others, scored_and_generating], join_at=[0, 0, 0, 2])
+    assert _scores(last[3]) == alone
+    monkeypatch.setattr(engine, "prefill_chunk_size", 5)
+    _, last = run_batch(engine, [*others, scoring], join_at=[0, 0, 0, 1])
+    assert _scores(last[3]) == alone

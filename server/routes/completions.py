@@ -12,7 +12,7 @@ from mtplx.request import TokenEvent
 from server.body import parse_json_body
 from server.context import get_context
 from server.generation import ChoiceResult, now, submit
-from server.logprobs import completion_logprobs
+from server.logprobs import completion_logprobs, echoed_logprobs, vllm_prompt_logprobs
 from server.params import aliases_for, build_requests, check_common
 from server.prompts import Prompt, check_prompt_size, completion_prompts, in_tokenizer_thread
 from server.routes.common import new_id, respond
@@ -118,19 +118,22 @@ async def completions(request: Request) -> Response:
         choices = []
         for r in results:
             prefix = echo[r.index] if echo else ""
-            logprobs = (
-                completion_logprobs(engine.token_text, r.tokens, len(prefix))
-                if body.logprobs is not None
-                else None
-            )
-            choices.append(
-                {
-                    "text": prefix + r.text,
-                    "index": r.index,
-                    "logprobs": logprobs,
-                    "finish_reason": r.finish_reason,
-                }
-            )
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = completion_logprobs(engine.token_text, r.tokens, len(prefix))
+                if echo and r.prompt_logprobs is not None:
+                    logprobs = echoed_logprobs(engine.token_text, r.prompt_logprobs, logprobs)
+            choice = {
+                "text": prefix + r.text,
+                "index": r.index,
+                "logprobs": logprobs,
+                "finish_reason": r.finish_reason,
+            }
+            if body.prompt_logprobs is not None and r.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = vllm_prompt_logprobs(
+                    engine.token_text, r.prompt_logprobs
+                )
+            choices.append(choice)
         return {
             "id": chunks.id,
             "object": "text_completion",

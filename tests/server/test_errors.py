@@ -226,12 +226,12 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
         "unsupported_parameter",
     ),
     (
-        "completion-echo-logprobs",
+        "completion-echo-logprobs-streamed",
         COMPLETIONS,
-        completion_body(echo=True, logprobs=1),
+        completion_body(echo=True, logprobs=1, stream=True),
         400,
-        "echo",
-        None,
+        "stream",
+        "unsupported_parameter",
     ),
     (
         "completion-logprobs-bool",

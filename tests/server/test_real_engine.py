@@ -140,6 +140,48 @@ async def test_completion_text_is_its_tokens_text_and_a_chat_reply_drops_a_leadi
     assert reply == " "  # the first of the two spaces is the turn's leading space
 
 
+async def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(app, client, real_engine):
+    """lm-evaluation-harness's loglikelihood request (echo, logprobs 1, max_tokens 0): the
+    prompt's tokens with their logprobs (the first null), the same as the engine scores them
+    and the same beside concurrent streams; vLLM's prompt_logprobs carries the same."""
+    prompt = "The quick brown fox jumps over the lazy dog"
+    ids = list(real_engine.tokenizer.encode(prompt))
+    _, _, finish = await engine_run(app, plain_greedy(ids, 0, prompt_logprobs=1))
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1}
+    r = await client.post(COMPLETIONS, json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] == prompt and choice["finish_reason"] == "length"
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == [real_engine.token_text(t) for t in ids]
+    assert logprobs["token_logprobs"] == [s.logprob for s in finish.prompt_logprobs]
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    assert all(len(top) == 1 for top in logprobs["top_logprobs"][1:])
+    assert r.json()["usage"]["completion_tokens"] == 0
+
+    streams = [
+        client.post(COMPLETIONS, json={"model": MODEL, "prompt": f"story {i}", "max_tokens": 24})
+        for i in range(4)
+    ]
+    replies = await asyncio.gather(client.post(COMPLETIONS, json=body), *streams)
+    assert replies[0].json()["choices"][0]["logprobs"] == logprobs
+
+    vllm = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "prompt_logprobs": 0}
+    scored = (await client.post(COMPLETIONS, json=vllm)).json()["choices"][0]["prompt_logprobs"]
+    assert scored[0] is None and len(scored) == len(ids)
+    for token, entry, expected in zip(ids[1:], scored[1:], finish.prompt_logprobs[1:], strict=True):
+        assert entry[str(token)]["logprob"] == expected.logprob
+        assert entry[str(token)]["rank"] == expected.rank
+
+
+async def test_prompt_scoring_is_refused_where_it_cannot_be_served(client):
+    stream = {"model": MODEL, "prompt": "a b", "echo": True, "logprobs": 1, "stream": True}
+    r = await client.post(COMPLETIONS, json=stream)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+    r = await client.post(COMPLETIONS, json={"model": MODEL, "prompt": "a b", "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
 async def test_sixteen_concurrent_greedy_streams_match_their_solo_runs(app, real_engine):
     bodies = [chat(f"client {i} says hi", max_tokens=16, temperature=0) for i in range(16)]
     solo = [await stream_text(app, CHAT, {**b, "stream": True}) for b in bodies]
