@@ -56,7 +56,7 @@ OP_FORWARD = 1
 OP_STOP = 2  # rank 0, shutting down: every rank exits (the last one answers first)
 OP_PING = 3  # rank 0, idle: is every rank still there? (the last one answers)
 HEADER_FIELDS = 4  # op, number of rows, packed tokens, KV capacity per slot
-ROW_FIELDS = 3  # slot, committed length, tokens fed
+ROW_FIELDS = 4  # slot, committed length, tokens fed, 1 if its KV has a store of its own
 
 
 class PipelineLost(RuntimeError):
@@ -101,10 +101,11 @@ def message_size(max_rows: int) -> int:
 def encode_message(
     op: int, rows: Sequence[SlotRow], counts: Sequence[int], capacity: int, max_rows: int
 ) -> mx.array:
-    """A forward's message: [op, R, N, capacity, (slot, length, count) x R, 0 ...] int32."""
+    """A forward's message: [op, R, N, capacity, (slot, length, count, private) x R, 0 ...]
+    int32."""
     fields = [op, len(rows), sum(counts), capacity]
     for row, count in zip(rows, counts, strict=True):
-        fields += [row.slot, row.length, count]
+        fields += [row.slot, row.length, count, int(row.private)]
     fields += [0] * (message_size(max_rows) - len(fields))
     return mx.array(fields, mx.int32)
 
@@ -162,7 +163,7 @@ class PipelineTarget(SlotTarget):
         evaluated (the exchange is where a lost rank shows)."""
         if self._failure is not None:
             raise self._failure
-        message = encode_message(OP_FORWARD, rows, counts, self._capacity, self.max_rows)
+        message = encode_message(OP_FORWARD, rows, counts, self._shared.capacity, self.max_rows)
         x = self._layers(x, groups, positions)
         with self._exchanging:
             sent = mx.distributed.send(message, 1, group=self.group)
@@ -299,8 +300,8 @@ class PipelineWorker(SlotTarget):
         rows, counts = [], []
         self._live = {}
         for index in range(num_rows):
-            slot, length, count = fields[HEADER_FIELDS + ROW_FIELDS * index :][:ROW_FIELDS]
-            row = SlotRow(slot, length)
+            slot, length, count, private = fields[HEADER_FIELDS + ROW_FIELDS * index :][:ROW_FIELDS]
+            row = SlotRow(slot, length, private=bool(private))
             self._live[slot] = row
             rows.append(row)
             counts.append(count)

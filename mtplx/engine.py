@@ -83,6 +83,7 @@ class Engine:
         prefill_budget: int = 256,
         costs: StepCosts | None = None,
         prefix_cache_bytes: int = 0,
+        max_kv_bytes: int | None = None,
         batched: BatchedTarget | None = None,
     ) -> None:
         self.model = model
@@ -101,6 +102,9 @@ class Engine:
         self.vocab_size = model.target.vocab_size
         self.max_adaptive_depth = max_adaptive_depth
         self.max_num_seqs = max_num_seqs
+        # Admission on memory: no request starts while the running rows' KV holds this many
+        # bytes or more (None: slots alone limit the batch). A request alone always starts.
+        self.max_kv_bytes = max_kv_bytes
         self.prefill_chunk_size = prefill_chunk_size
         self.prefill_budget = max(prefill_budget, prefill_chunk_size)
         self.calibrated = costs is not None
@@ -183,8 +187,15 @@ class Engine:
 
     @property
     def has_room(self) -> bool:
-        """Whether another sequence can join the batch now."""
-        return len(self.running) < self.max_num_seqs
+        """Whether another sequence can join the batch now: a free slot, and the KV the
+        running rows hold under ``max_kv_bytes``."""
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        return (
+            not self.running
+            or self.max_kv_bytes is None
+            or self.batched.kv_nbytes < self.max_kv_bytes
+        )
 
     def prepare(self, request: GenerationRequest) -> None:
         """The work of admitting ``request`` that need not hold up the batch: its grammar

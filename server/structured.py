@@ -4,8 +4,9 @@ turned into the engine's GrammarSpec (the engine masks sampling with it).
 - ``{"type": "text"}`` (or absent): no constraint.
 - ``{"type": "json_object"}``: any JSON object.
 - ``{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}``:
-  JSON valid under ``schema`` (``strict`` is accepted either way: the constraint is always
-  enforced).
+  JSON valid under ``schema`` (the constraint is always enforced). With ``strict`` an object
+  has only the properties its schema declares unless the schema allows more
+  (``declared_properties_only``), as OpenAI's strict mode reads a schema.
 - ``"mtplx": {"regex": "..."}`` or ``{"grammar": "<Lark>"}``: llguidance's regex / Lark.
 
 JSON is generated without free-form whitespace (``{"a": 1, "b": [2, 3]}`` style), so a small
@@ -20,7 +21,7 @@ from typing import Any
 from mtplx.grammar import GrammarSpec
 from server.errors import APIError
 
-__all__ = ["JSON_OPTIONS", "grammar_for", "json_schema_spec"]
+__all__ = ["JSON_OPTIONS", "declared_properties_only", "grammar_for", "json_schema_spec"]
 
 # llguidance's JSON options, in the schema's "x-guidance" key (a schema's own wins).
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -41,6 +42,40 @@ def json_schema_spec(schema: Any, param: str) -> GrammarSpec:
         raise _bad(f"the schema's 'x-guidance' must be an object, got {type(own).__name__}", param)
     options = {**JSON_OPTIONS, **own}
     return GrammarSpec.json_schema({**schema, "x-guidance": options}, param=param)
+
+
+# Keywords whose values are schemas, or maps / lists of schemas.
+_SCHEMA_VALUES = ("items", "additionalItems", "not", "if", "then", "else", "contains")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+
+
+def declared_properties_only(schema: Any) -> Any:
+    """``schema`` with ``"additionalProperties": false`` on every object schema that declares
+    ``properties`` and says nothing of others (no ``additionalProperties``,
+    ``patternProperties`` or ``unevaluatedProperties``): JSON Schema's default admits any
+    other key, which lets a small model write keys no one asked for. Recurses through
+    nested schemas, ``$defs`` included; returns a new schema."""
+    if isinstance(schema, list):
+        return [declared_properties_only(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_VALUES:
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = declared_properties_only(out[key])
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: declared_properties_only(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = declared_properties_only(out[key])
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = declared_properties_only(out["additionalProperties"])
+    says_more = {"additionalProperties", "patternProperties", "unevaluatedProperties"} & set(out)
+    if isinstance(out.get("properties"), dict) and not says_more:
+        out["additionalProperties"] = False
+    return out
 
 
 def _response_format(value: Any) -> GrammarSpec | None:
@@ -74,6 +109,8 @@ def _response_format(value: Any) -> GrammarSpec | None:
         json.dumps(schema)
     except (TypeError, ValueError) as exc:
         raise _bad(f"schema is not JSON: {exc}", "response_format.json_schema.schema") from exc
+    if spec.get("strict"):
+        schema = declared_properties_only(schema)
     return json_schema_spec(schema, "response_format.json_schema.schema")
 
 

@@ -60,12 +60,12 @@ def test_stage_layers_refuses_impossible_splits(num_layers, num_ranks):
 
 
 def test_encode_message_lays_out_rows_after_the_header():
-    rows = [SlotRow(3, 40), SlotRow(0, 7)]
+    rows = [SlotRow(3, 4000, private=True), SlotRow(0, 7)]
     message = encode_message(OP_FORWARD, rows, [4, 1], 256, max_rows=4).tolist()
     assert len(message) == message_size(4) == HEADER_FIELDS + ROW_FIELDS * 4
     assert message[:HEADER_FIELDS] == [OP_FORWARD, 2, 5, 256]
-    assert message[HEADER_FIELDS : HEADER_FIELDS + 6] == [3, 40, 4, 0, 7, 1]
-    assert message[HEADER_FIELDS + 6 :] == [0] * 6
+    assert message[HEADER_FIELDS : HEADER_FIELDS + 8] == [3, 4000, 4, 1, 0, 7, 1, 0]
+    assert message[HEADER_FIELDS + 8 :] == [0] * 8
 
 
 def test_keep_stage_loads_only_the_stage_layers(llama_mtp_checkpoint):

@@ -310,3 +310,22 @@ def test_reduced_draft_vocabulary_keeps_greedy_exact(llama_draft_vocab_checkpoin
         for depth in (1, 3):
             request = GenerationRequest(prompt, GREEDY, 48, drafter="mtp", depth=depth)
             assert generate(engine, request)[0] == plain
+
+
+def test_a_kv_budget_holds_new_requests_back_while_the_running_ones_use_it(
+    llama_engine: Engine,
+) -> None:
+    engine = llama_engine
+    engine.max_kv_bytes = 1  # any KV at all fills the budget
+    try:
+        assert engine.has_room  # an idle engine always admits
+        sequence = engine.add(GenerationRequest([3, 4, 5], GREEDY, max_tokens=4))
+        engine.step()
+        assert engine.batched.kv_nbytes > 0 and not engine.has_room
+        while not sequence.finished:
+            engine.step()
+        assert not engine.running and engine.has_room
+    finally:
+        engine.max_kv_bytes = None
+        for sequence in list(engine.running):
+            engine.abort(sequence)

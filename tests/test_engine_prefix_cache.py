@@ -67,7 +67,7 @@ def test_a_cache_hit_after_the_idle_store_was_freed_gives_the_cold_output(cold: 
     assert _run(cached, request)[0] == expected  # caches the prompt's blocks
     long_prompt = _prompt(22, IDLE_CAPACITY + 40, cold.vocab_size)
     _run(cached, GenerationRequest(long_prompt, GREEDY, 1))
-    assert cached.batched._capacity == 0  # freed when that request left
+    assert cached.batched._shared.capacity == 0  # freed when that request left
     got, stats = _run(cached, request)
     assert stats.cached_tokens >= 2 * BLOCK_SIZE
     assert got == expected

@@ -92,7 +92,7 @@ def test_a_short_row_attends_over_its_span_beside_a_grown_store(model, monkeypat
                 out = target.forward([long_row], [mx.array(_tokens(start, 60), mx.int32)], "none")
             mx.eval(out[0].hidden)
             target.release(long_row)
-            assert target._capacity >= 600
+            assert target._shared.capacity >= 600
             attend = target._compiled.attend
 
             def recording(*args: mx.array, attend=attend) -> mx.array:

@@ -42,6 +42,7 @@ from mlx_lm.models.activations import swiglu
 from mtplx.blas_shim import INVARIANT_MAX_ROWS
 from mtplx.models.base import TargetModel
 from mtplx.models.compiled_layer import CompiledLayer
+from mtplx.models.kv_store import KV_STEP, SHARED_CAPACITY, KVStore, LayerKV
 from mtplx.models.per_row import PerRowTarget
 from mtplx.models.rows import BatchedTarget, Row, RowOutput, logits_per_row
 
@@ -55,10 +56,8 @@ __all__ = [
     "batched_target",
 ]
 
-# Slot KV capacity grows in steps of this many positions (mlx-lm's KVCache step).
-KV_STEP = 256
-# An idle store above this many positions per slot is freed (``SlotTarget.release``).
-IDLE_CAPACITY = 4 * KV_STEP
+# An idle shared store above this many positions per slot is freed (``SlotTarget.release``).
+IDLE_CAPACITY = 2 * KV_STEP
 # The compiled attention reads a group's keys up to its key length rounded up to a multiple of
 # this, not the store's whole capacity: a coarser step reads more masked keys, a finer one
 # makes more shapes (a trace each).
@@ -80,6 +79,8 @@ class SlotRow:
     slot: int
     length: int = 0
     unsettled: list[mx.array] = field(default_factory=list)  # [] int32 lazy trims, oldest first
+    # Its KV lives in a store of its own (past ``shared_capacity``): it attends alone.
+    private: bool = False
 
     def shift(self) -> mx.array | None:
         """[] int32 (lazy): the unsettled positions, None when there are none."""
@@ -92,9 +93,13 @@ class SlotRow:
 class _Group:
     """Rows whose attention runs together, padded to one [R, heads, T, L] layout: the slots
     first_slot .. first_slot + R - 1 (those not in the group are computed and discarded), and
-    a contiguous segment [start, end) of the forward's packed tokens."""
+    a contiguous segment [start, end) of the forward's packed tokens. ``store`` holds their
+    KV, the group's slots from index ``store_first`` on (the shared store: the slot numbers;
+    a long row's own store: 0)."""
 
     first_slot: int
+    store: KVStore
+    store_first: int
     num_slots: int  # R
     max_tokens: int  # T
     key_length: int  # L: the group's longest row after the forward
@@ -184,18 +189,6 @@ def _linear(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.array:
     return x @ weight.T if bias is None else mx.addmm(bias, x, weight.T)
 
 
-@dataclass
-class _SlotStore:
-    """KV of every slot for one layer: keys [S, kv_heads, L_cap, d], values
-    [S, kv_heads, L_cap, d + 1] (see ``SlotTarget._attention``). Heads before positions: a
-    window of slots read up to L is then, per (slot, head), a matrix whose rows are whole
-    (stride d), which MLX's matmul takes as it is; positions before heads made every
-    attention product copy its keys and values first."""
-
-    keys: mx.array
-    values: mx.array
-
-
 class SlotTarget:
     """A llama-like MLXTarget batched over slots (see the module docstring)."""
 
@@ -211,9 +204,10 @@ class SlotTarget:
         self.max_rows = max_rows
         self._free = list(range(max_rows))
         self._live: dict[int, SlotRow] = {}  # slot -> its row
-        self._capacity = 0  # positions allocated per slot
-        self._stores: list[_SlotStore] = []
-        self._hidden: mx.array | None = None  # [S, L_cap, H] each position's hidden state
+        # Rows longer than this keep their KV in a store of their own (``mtplx.models.kv_store``).
+        self.shared_capacity = SHARED_CAPACITY
+        self._shared = self._new_store(max_rows)  # every slot, up to shared_capacity long
+        self._private: dict[int, KVStore] = {}  # slot -> the store of a row past it
         # An attention product has (heads / kv heads) x (queries) rows: queries go in blocks
         # that keep it within the invariant kernel, like every matmul of a forward of at
         # most INVARIANT_MAX_ROWS tokens, so a prompt's cache is the same bits however it
@@ -224,6 +218,23 @@ class SlotTarget:
         self.max_prefill_tokens = INVARIANT_MAX_ROWS
         self._fused = [_fuse(layer) for layer in self.trunk.inner.layers]
         self._compiled = CompiledLayer.for_trunk(list(self.trunk.inner.layers), self._fused)
+
+    def _new_store(self, num_slots: int) -> KVStore:
+        attention = self.trunk.inner.layers[0].self_attn
+        return KVStore(
+            num_slots=num_slots,
+            num_layers=len(self.trunk.inner.layers),
+            kv_heads=attention.n_kv_heads,
+            head_dim=attention.head_dim,
+            hidden_size=self.hidden_size,
+            dtype=self.trunk.inner.embed_tokens.weight.dtype,
+            keep_hidden=self.keep_hidden,
+        )
+
+    @property
+    def kv_nbytes(self) -> int:
+        """Bytes of KV (and hidden states) held: the shared store and the long rows'."""
+        return self._shared.nbytes + sum(store.nbytes for store in self._private.values())
 
     # -- rows ---------------------------------------------------------------------------
 
@@ -237,17 +248,22 @@ class SlotTarget:
         return row
 
     def release(self, row: SlotRow) -> None:
-        """Return the row's slot; its stale KV is never read (reads stop at a row's length)."""
+        """Return the row's slot; its stale KV is never read (reads stop at a row's length).
+        A long row's own store is freed with it."""
         row.unsettled = []
+        freed = row.private and self._private.pop(row.slot, None) is not None
+        row.private = False
         if row.slot >= 0:
             del self._live[row.slot]
             self._free.append(row.slot)
             row.slot = -1
-        if not self._live and self._capacity > IDLE_CAPACITY:
-            # The store grows every slot to the longest row and never shrinks while rows
-            # run: once none is left, give a long request's memory back (the next forward
-            # allocates afresh; saved prefix blocks are copies).
-            self._stores, self._hidden, self._capacity = [], None, 0
+        if not self._live and self._shared.capacity > IDLE_CAPACITY:
+            # The shared store grows every slot to the longest row it holds and never
+            # shrinks while rows run: once none is left, give that memory back (the next
+            # forward allocates afresh; saved prefix blocks are copies).
+            self._shared.free()
+            freed = True
+        if freed:
             _return_freed_memory()
 
     def trim(self, row: SlotRow, num_tokens: int) -> None:
@@ -281,7 +297,8 @@ class SlotTarget:
     def unevaluated(self) -> list[mx.array]:
         """State a forward updated that no output depends on (the hidden-state store):
         evaluate it with the forward's outputs, or its updates pile up unevaluated."""
-        return [] if self._hidden is None else [self._hidden]
+        stores = [self._shared, *self._private.values()]
+        return [store.hidden for store in stores if store.hidden is not None]
 
     def block_nbytes(self, num_positions: int) -> int:
         """Bytes of a ``save_block`` state of ``num_positions`` positions."""
@@ -303,12 +320,13 @@ class SlotTarget:
     ) -> SlotBlockState:
         """A copy of the row's states at positions [start, end) (all computed; the slots
         keep hidden states themselves, ``hidden`` is not needed)."""
-        if not 0 <= start < end <= row.length or self._hidden is None:
+        store, index = self._store_of(row)
+        if not 0 <= start < end <= row.length or store.hidden is None:
             raise ValueError(f"positions [{start}, {end}) are not in the row")
         state = SlotBlockState(
-            mx.stack([store.keys[row.slot, :, start:end] for store in self._stores]),
-            mx.stack([store.values[row.slot, :, start:end] for store in self._stores]),
-            mx.contiguous(self._hidden[row.slot, start:end]),  # a copy, not a view of the store
+            mx.stack([layer.keys[index, :, start:end] for layer in store.layers]),
+            mx.stack([layer.values[index, :, start:end] for layer in store.layers]),
+            mx.contiguous(store.hidden[index, start:end]),  # a copy, not a view of the store
         )
         mx.eval(state.keys, state.values, state.hidden)
         return state
@@ -320,12 +338,14 @@ class SlotTarget:
         values = mx.concatenate([state.values for state in states], axis=2)
         hidden = mx.concatenate([state.hidden for state in states])
         start, end = row.length, row.length + hidden.shape[0]
-        self._ensure_capacity(end)
-        for layer, store in enumerate(self._stores):
-            store.keys[row.slot, :, start:end] = keys[layer]
-            store.values[row.slot, :, start:end] = values[layer]
-        assert self._hidden is not None
-        self._hidden[row.slot, start:end] = hidden
+        self._place(row, end)
+        store, index = self._store_of(row)
+        store.ensure(end)
+        for number, layer in enumerate(store.layers):
+            layer.keys[index, :, start:end] = keys[number]
+            layer.values[index, :, start:end] = values[number]
+        assert store.hidden is not None
+        store.hidden[index, start:end] = hidden
         row.length = end
         return hidden
 
@@ -338,7 +358,10 @@ class SlotTarget:
         than a verify (prefill chunks) attend in a group of their own, after the others."""
         counts = [int(t.shape[0]) for t in tokens]
         wanted = logits_per_row(logits, rows)
-        order = sorted(range(len(rows)), key=lambda i: counts[i] > VERIFY_TOKENS)
+        for row, count in zip(rows, counts, strict=True):
+            self._place(row, row.length + count)
+        # Shared rows first (verify rows, then prompt chunks), then each long row alone.
+        order = sorted(range(len(rows)), key=lambda i: (rows[i].private, counts[i] > VERIFY_TOKENS))
         rows, tokens = [rows[i] for i in order], [tokens[i] for i in order]
         counts, wanted = [counts[i] for i in order], [wanted[i] for i in order]
         groups = self._groups(rows, counts)
@@ -392,11 +415,11 @@ class SlotTarget:
         compiled = self._compiled
         if compiled is not None and all(g.visible is not None for g in groups):
             return self._compiled_layers(compiled, x, groups, positions)
-        for layer, store, fused in zip(
-            self.trunk.inner.layers, self._stores, self._fused, strict=True
+        for index, (layer, fused) in enumerate(
+            zip(self.trunk.inner.layers, self._fused, strict=True)
         ):
             x = x + self._attention(
-                layer.self_attn, layer.input_layernorm(x), store, groups, positions, fused
+                layer.self_attn, layer.input_layernorm(x), index, groups, positions, fused
             )
             x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), fused)
         return x
@@ -406,8 +429,8 @@ class SlotTarget:
     ) -> mx.array:
         """``_layers`` through the compiled pieces (``mtplx.models.compiled_layer``): the same
         ops, the same bits, a third of the graph-building time."""
-        for layer, store, fused in zip(
-            self.trunk.inner.layers, self._stores, self._fused, strict=True
+        for index, (layer, fused) in enumerate(
+            zip(self.trunk.inner.layers, self._fused, strict=True)
         ):
             attn, norm = layer.self_attn, layer.input_layernorm
             queries_all, keys_all, values_all = compiled.project(
@@ -415,8 +438,9 @@ class SlotTarget:
             )
             attended = []
             for group in groups:
+                store = group.store.layers[index]
                 self._write_group(store, group, keys_all, values_all, attn.n_kv_heads)
-                window = slice(group.first_slot, group.first_slot + group.num_slots)
+                window = slice(group.store_first, group.store_first + group.num_slots)
                 out = compiled.attend(
                     _padded(queries_all, group, attn.n_heads),
                     store.keys[window, :, : group.span].transpose(0, 1, 3, 2),  # [R, kv, d, S]
@@ -438,49 +462,91 @@ class SlotTarget:
         return x
 
     def _keep_hidden(self, rows: list[SlotRow], counts: list[int], hidden: mx.array) -> None:
-        """Store each fed position's hidden state (hidden: [N, H] packed) in its slot."""
-        if self._hidden is None:
+        """Store each fed position's hidden state (hidden: [N, H] packed) in its row's store."""
+        if not self.keep_hidden:
             return
-        positions = mx.array(
-            [
-                row.slot * self._capacity + row.length + t
-                for row, count in zip(rows, counts, strict=True)
-                for t in range(count)
-            ],
-            mx.int32,
-        )
-        if (shifts := _shifts(rows, counts)) is not None:
-            positions = positions - shifts
-        flat = self._hidden.reshape(self.max_rows * self._capacity, -1)
-        flat[positions] = hidden
-        self._hidden = flat.reshape(self._hidden.shape)
+        shifts = _shifts(rows, counts)
+        by_store: dict[int, tuple[KVStore, list[int], list[int]]] = {}
+        packed = 0
+        for row, count in zip(rows, counts, strict=True):
+            store, index = self._store_of(row)
+            _, positions, picked = by_store.setdefault(id(store), (store, [], []))
+            positions.extend(index * store.capacity + row.length + t for t in range(count))
+            picked.extend(range(packed, packed + count))
+            packed += count
+        for store, positions, picked in by_store.values():
+            assert store.hidden is not None
+            at = mx.array(positions, mx.int32)
+            fed = mx.array(picked, mx.int32)
+            if shifts is not None:
+                at = at - shifts[fed]
+            flat = store.hidden.reshape(store.num_slots * store.capacity, -1)
+            flat[at] = hidden[fed]
+            store.hidden = flat.reshape(store.hidden.shape)
 
     def _groups(self, rows: list[SlotRow], counts: list[int]) -> list[_Group]:
-        """Verify rows (at most VERIFY_TOKENS tokens) in one group, prefill rows in another:
-        padding a verify row to a prefill chunk's length would waste work (both are exact)."""
+        """Consecutive shared rows of one kind in a group: verify rows (at most
+        VERIFY_TOKENS tokens), prefill rows (padding a verify row to a prefill chunk's length
+        would waste work; both are exact); each long row in a group of its own."""
         slots = [row.slot for row in rows]
         if len(set(slots)) != len(slots) or min(slots) < 0:
             raise ValueError("each row of a forward needs its own live slot")
-        longest = max(counts)
-        # Writes for slots a group spans but does not feed go past every live row's end.
-        needed = max(
-            [live.length for live in self._live.values()]
-            + [row.length + count for row, count in zip(rows, counts, strict=True)]
-        )
-        self._ensure_capacity(needed + longest)
-        split = sum(count <= VERIFY_TOKENS for count in counts)
-        groups, start = [], 0
-        for lo, hi in ((0, split), (split, len(rows))):
-            if lo < hi:
-                group = self._group(rows[lo:hi], counts[lo:hi], start)
-                groups.append(group)
-                start = group.end
+        for row, count in zip(rows, counts, strict=True):
+            self._place(row, row.length + count)
+        shared = [count for row, count in zip(rows, counts, strict=True) if not row.private]
+        if shared:
+            # Writes for slots a group spans but does not feed go past every live row's end.
+            needed = max(
+                [live.length for live in self._live.values() if not live.private]
+                + [r.length + c for r, c in zip(rows, counts, strict=True) if not r.private]
+            )
+            self._shared.ensure(needed + max(shared))
+        groups, start, lo = [], 0, 0
+        while lo < len(rows):
+            hi = lo + 1
+            if not rows[lo].private:
+                kind = counts[lo] > VERIFY_TOKENS
+                while (
+                    hi < len(rows) and not rows[hi].private and (counts[hi] > VERIFY_TOKENS) == kind
+                ):
+                    hi += 1
+            group = self._group(rows[lo:hi], counts[lo:hi], start)
+            groups.append(group)
+            start, lo = group.end, hi
         return groups
+
+    def _place(self, row: SlotRow, needed: int) -> None:
+        """Make room for the row's first ``needed`` positions: a row that outgrows
+        ``shared_capacity`` moves to a store of its own (its KV so far copied over), which then
+        grows with it by a quarter of its length at a time."""
+        # The shared store holds its rows' ends plus a forward's padding (at most
+        # max_prefill_tokens): a row goes once that could take it past shared_capacity.
+        if not row.private and needed + self.max_prefill_tokens > self.shared_capacity:
+            row.private = True
+        if not row.private:
+            # A pipeline stage mirrors rows: a slot it held a long row in now holds a short one.
+            if self._private.pop(row.slot, None) is not None:
+                _return_freed_memory()
+            return
+        store = self._private.get(row.slot)
+        if store is None:
+            store = self._private[row.slot] = self._new_store(1)
+            store.ensure(needed)
+            store.copy_slot(self._shared, row.slot, 0, min(row.length, self._shared.capacity))
+        store.ensure(needed, min_growth=store.capacity // 4)
+
+    def _store_of(self, row: SlotRow) -> tuple[KVStore, int]:
+        """The store holding the row's KV and the row's slot index in it."""
+        if row.private:
+            return self._private[row.slot], 0
+        return self._shared, row.slot
 
     def _group(self, rows: list[SlotRow], counts: list[int], start: int) -> _Group:
         """Index maps and the attention mask of one group, shared by every layer."""
         slots = [row.slot for row in rows]
         first, last = min(slots), max(slots)
+        store, store_first = self._store_of(rows[0])
+        store_first -= rows[0].slot - first  # the window's first slot in the store
         num_slots, max_tokens = last - first + 1, max(counts)
         fed = {row.slot: row for row in rows}
         lengths = [fed[slot].length if slot in fed else 0 for slot in range(first, last + 1)]
@@ -493,10 +559,10 @@ class SlotTarget:
                 to_padded[base + t] = position + t
                 to_packed.append(base + t)
             position += count
-        garbage = self._capacity - max_tokens  # past every live row (see _groups)
+        garbage = store.capacity - max_tokens  # past every live row (see _groups)
         kv_heads = self.trunk.inner.layers[0].self_attn.n_kv_heads
         write_at = [
-            ((first + r) * kv_heads + h) * self._capacity
+            ((store_first + r) * kv_heads + h) * store.capacity
             + (lengths[r] if first + r in fed else garbage)
             + t
             for r in range(num_slots)
@@ -515,12 +581,14 @@ class SlotTarget:
         query_end = offsets[:, None] + mx.arange(max_tokens)[None, :]  # [R, T]
         mask = mx.arange(key_length)[None, None, :] <= query_end[:, :, None]  # [R, T, L]
         visible = None
-        span = min(-(-key_length // ATTEND_STEP) * ATTEND_STEP, self._capacity)
+        span = min(-(-key_length // ATTEND_STEP) * ATTEND_STEP, store.capacity)
         if self._compiled is not None and max_tokens <= self._query_block:
             visible = mx.arange(span)[None, None, :] <= query_end[:, :, None]
             visible = visible[:, None, None]  # [R, 1, 1, T, S]
         return _Group(
             first_slot=first,
+            store=store,
+            store_first=store_first,
             num_slots=num_slots,
             max_tokens=max_tokens,
             key_length=key_length,
@@ -536,33 +604,8 @@ class SlotTarget:
         )
 
     def _ensure_capacity(self, positions: int) -> None:
-        """Grow every layer's store (all slots) to hold ``positions`` per slot."""
-        if positions <= self._capacity:
-            return
-        capacity = -(-positions // KV_STEP) * KV_STEP
-        dtype = self.trunk.inner.embed_tokens.weight.dtype
-        attention = self.trunk.inner.layers[0].self_attn
-        kv_heads, head_dim = attention.n_kv_heads, attention.head_dim
-        grow = (self.max_rows, kv_heads, capacity - self._capacity)
-        key_shape = (*grow, head_dim)
-        value_shape = (*grow, head_dim + 1)  # + the constant-1 feature
-        hidden_zeros = mx.zeros((self.max_rows, grow[2], self.hidden_size), dtype)
-        if not self._stores:
-            # An array of its own per layer: ``load_blocks`` writes into the stores in place,
-            # which would write every layer's blocks into one shared array.
-            self._stores = [
-                _SlotStore(mx.zeros(key_shape, dtype), mx.zeros(value_shape, dtype))
-                for _ in self.trunk.inner.layers
-            ]
-            self._hidden = hidden_zeros if self.keep_hidden else None
-        else:
-            key_zeros, value_zeros = mx.zeros(key_shape, dtype), mx.zeros(value_shape, dtype)
-            for store in self._stores:
-                store.keys = mx.concatenate([store.keys, key_zeros], axis=2)
-                store.values = mx.concatenate([store.values, value_zeros], axis=2)
-            if self._hidden is not None:
-                self._hidden = mx.concatenate([self._hidden, hidden_zeros], axis=1)
-        self._capacity = capacity
+        """Grow the shared store (all slots) to hold ``positions`` per slot."""
+        self._shared.ensure(positions)
 
     @staticmethod
     def _mlp(mlp: Any, x: mx.array, fused: _Fused | None) -> mx.array:
@@ -577,7 +620,7 @@ class SlotTarget:
         self,
         attn: Any,
         x: mx.array,
-        store: _SlotStore,
+        layer_index: int,
         groups: list[_Group],
         positions: mx.array,
         fused: _Fused | None = None,
@@ -609,14 +652,16 @@ class SlotTarget:
             queries_all, keys_all = roped[:, :heads], roped[:, heads:]
             values_all = qkv[:, k_end:].reshape(num_tokens, kv_heads, 1, -1)
         attended = [
-            self._group_attention(attn, queries_all, keys_all, values_all, store, group)
+            self._group_attention(
+                attn, queries_all, keys_all, values_all, group.store.layers[layer_index], group
+            )
             for group in groups
         ]
         return attn.o_proj((mx.concatenate(attended) if len(attended) > 1 else attended[0])[None])
 
     @staticmethod
     def _write_group(
-        store: _SlotStore,
+        store: LayerKV,
         group: _Group,
         keys_all: mx.array,
         values_all: mx.array,
@@ -644,7 +689,7 @@ class SlotTarget:
         queries_all: mx.array,
         keys_all: mx.array,
         values_all: mx.array,
-        store: _SlotStore,
+        store: LayerKV,
         group: _Group,
     ) -> mx.array:
         """One group: projections [N, heads, 1, d] of every packed token (queries and keys
@@ -657,7 +702,7 @@ class SlotTarget:
         head_dim = queries.shape[-1]
         self._write_group(store, group, keys_all, values_all, kv_heads)
         # Read slots [first, first + R) up to L.
-        window = slice(group.first_slot, group.first_slot + rows)
+        window = slice(group.store_first, group.store_first + rows)
         all_keys = store.keys[window, :, :keys_len].transpose(0, 1, 3, 2)  # [R, kv, d, L]
         all_values = store.values[window, :, :keys_len]  # [R, kv, L, d+1]
 

@@ -72,6 +72,7 @@ class PerRowTarget:
         self.target = target
         self.vocab_size = target.vocab_size
         self.hidden_size = target.hidden_size
+        self._live: list[CacheRow] = []  # rows not released
         cache = target.make_cache()
         self.recurrent = not cache_ops.is_trimmable(cache)
         # Prompt blocks can be saved and loaded when every layer is mlx-lm's plain KV cache
@@ -80,11 +81,20 @@ class PerRowTarget:
 
     def new_row(self) -> CacheRow:
         """A row with fresh cache objects."""
-        return CacheRow(self.target.make_cache())
+        row = CacheRow(self.target.make_cache())
+        self._live.append(row)
+        return row
 
     def release(self, row: CacheRow) -> None:
         """Drop the row's cache."""
         row.cache = []
+        if row in self._live:
+            self._live.remove(row)
+
+    @property
+    def kv_nbytes(self) -> int:
+        """Bytes the live rows' caches hold."""
+        return sum(layer.nbytes for row in self._live for layer in row.cache)
 
     def forward(
         self, rows: list[CacheRow], tokens: list[mx.array], logits: Sequence[str] | str = "all"

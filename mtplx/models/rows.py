@@ -39,6 +39,11 @@ class BatchedTarget(Protocol):
         """Free a row's storage; the row must not be used again."""
         ...
 
+    @property
+    def kv_nbytes(self) -> int:
+        """Bytes of KV (and other per-row state) the target holds for its rows now."""
+        ...
+
     # Rows a forward may pack and still be batch-invariant (0: one row per forward only
     # when prefilling, see ``max_prefill_tokens``), and the most tokens one prefilling row
     # may feed in a forward shared with other rows.

@@ -324,3 +324,44 @@ async def test_grammar_errors_are_plain_and_bounded(client: Any) -> None:
     assert r.status_code == 400
     message = r.json()["error"]["message"]
     assert "\n" not in message and "backtrace" not in message and len(message) < 500
+
+
+def test_declared_properties_only_closes_objects_that_say_nothing_of_others() -> None:
+    from server.structured import declared_properties_only
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "home": {"$ref": "#/$defs/Address"},
+            "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {}}}},
+            "extra": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+        "$defs": {"Address": {"type": "object", "properties": {"street": {"type": "string"}}}},
+        "anyOf": [{"type": "object", "properties": {"x": {}}, "patternProperties": {"^y": {}}}],
+    }
+    closed = declared_properties_only(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["$defs"]["Address"]["additionalProperties"] is False
+    assert closed["properties"]["tags"]["items"]["additionalProperties"] is False
+    # A schema that says what other keys may be keeps its word.
+    assert closed["properties"]["extra"]["additionalProperties"] == {"type": "integer"}
+    assert "additionalProperties" not in closed["anyOf"][0]
+    assert "additionalProperties" not in schema  # a new schema, the request's untouched
+
+
+async def test_strict_json_schema_output_has_only_the_declared_keys(client: Any) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"enum": [1, 2]}}}
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "r", "schema": schema, "strict": True},
+    }
+    r = await client.post(
+        CHAT,
+        json=chat(response_format=response_format, temperature=1.0, seed=5, n=6, max_tokens=48),
+    )
+    assert r.status_code == 200, r.text
+    finished = [c for c in r.json()["choices"] if c["finish_reason"] == "stop"]
+    assert finished
+    for choice in finished:
+        assert set(json.loads(choice["message"]["content"])) <= {"a", "b"}
