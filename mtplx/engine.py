@@ -215,8 +215,11 @@ class Engine:
         stop_ids = set(request.stop_token_ids)
         if not request.ignore_eos:
             stop_ids |= self.eos_token_ids
+        budget = request.max_tokens if request.close_within_budget else None
         grammar = (
-            None if request.grammar is None else self.grammars.state(request.grammar, stop_ids)
+            None
+            if request.grammar is None
+            else self.grammars.state(request.grammar, stop_ids, budget)
         )
         drafter = self._drafters[request.drafter or self.default_drafter]()
         depth = request.depth if request.depth is not None else self.default_depth

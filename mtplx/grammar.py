@@ -24,7 +24,9 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from mtplx import grammar_budget
 from mtplx.errors import InvalidParameter
+from mtplx.grammar_budget import ClosingIndex, closing_text, closing_tokens
 
 __all__ = [
     "MAX_GRAMMAR_CHARS",
@@ -180,6 +182,7 @@ class GrammarCompiler:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._ll_tokenizer: Any = None
+        self._closing_index: ClosingIndex | None = None
         self._compiled: OrderedDict[GrammarSpec, Any] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -231,11 +234,22 @@ class GrammarCompiler:
             )
         return matcher
 
-    def state(self, spec: GrammarSpec, stop_ids: Iterable[int]) -> GrammarState:
-        """A fresh grammar state for one sequence whose stop tokens are ``stop_ids``."""
+    def state(
+        self, spec: GrammarSpec, stop_ids: Iterable[int], budget: int | None = None
+    ) -> GrammarState:
+        """A fresh grammar state for one sequence whose stop tokens are ``stop_ids``;
+        ``budget``: its ``max_tokens``, to close within (``mtplx.grammar_budget``), or None."""
         matcher = self.compile(spec)
         eos = list(self._ll_tokenizer.eos_tokens)
-        return GrammarState(matcher.deep_copy(), self.vocab_size, stop_ids, eos)
+        index = None if budget is None else self._closing()
+        return GrammarState(matcher.deep_copy(), self.vocab_size, stop_ids, eos, budget, index)
+
+    def _closing(self) -> ClosingIndex:
+        if self._closing_index is None:
+            self._closing_index = _on_grammar_thread(
+                ClosingIndex.build, self._llguidance_tokenizer(), self.vocab_size
+            )
+        return self._closing_index
 
 
 class GrammarState:
@@ -243,9 +257,19 @@ class GrammarState:
     rolled back past rejected drafts. A stop token ends it (the sequence stops there)."""
 
     def __init__(
-        self, matcher: Any, vocab_size: int, stop_ids: Iterable[int], grammar_eos: list[int]
+        self,
+        matcher: Any,
+        vocab_size: int,
+        stop_ids: Iterable[int],
+        grammar_eos: list[int],
+        budget: int | None = None,
+        closing: ClosingIndex | None = None,
     ) -> None:
+        """``budget``: the output tokens the text must complete within (the budget rule of
+        ``mtplx.grammar_budget``, with the tokenizer's ``closing`` index), None for none."""
         self.matcher = matcher
+        self.budget = budget if closing is not None else None
+        self.closing = closing
         self.vocab_size = vocab_size
         self.stop_ids = sorted(t for t in set(stop_ids) if 0 <= t < vocab_size)
         self.grammar_eos = [t for t in grammar_eos if 0 <= t < vocab_size]
@@ -277,7 +301,25 @@ class GrammarState:
         allowed[self.grammar_eos] = False
         if self.stop_ids and self.matcher.is_accepting():
             allowed[self.stop_ids] = True
+        if self.budget is not None:
+            allowed = self._within_budget(allowed)
         return allowed if allowed.any() else None
+
+    def _within_budget(self, allowed: np.ndarray) -> np.ndarray:
+        """The budget rule (``mtplx.grammar_budget``): in the closing stretch, only tokens
+        that spell a prefix of the closing (the stop tokens once the text is complete)."""
+        assert self.budget is not None and self.closing is not None
+        margin = grammar_budget.CLOSING_MARGIN
+        left = self.budget - self.num_consumed  # this token included
+        closing = closing_text(self.matcher, self.closing, limit=left)
+        if closing is None or left > len(closing) + margin:
+            return allowed
+        keep = np.zeros_like(allowed)
+        keep[[t for t in closing_tokens(closing, self.closing) if t < self.vocab_size]] = True
+        if not closing:
+            keep[self.stop_ids] = True
+        narrowed = allowed & keep
+        return narrowed if narrowed.any() else allowed
 
     def consume(self, token: int) -> None:
         """Advance by one token the mask allowed."""

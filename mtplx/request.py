@@ -30,7 +30,8 @@ class GenerationRequest:
     the concatenation of its tokens' text. ``prompt_logprobs`` k: score the prompt too,
     each prompt token's logprob under the model given the tokens before it, plus the k most
     likely alternatives (``FinishEvent.prompt_logprobs``); ``max_tokens`` may then be 0,
-    to score the prompt alone.
+    to score the prompt alone. ``close_within_budget``: a grammar's text completes within
+    ``max_tokens`` (``mtplx.grammar_budget``); False leaves it to be cut.
     """
 
     prompt_ids: Sequence[int]
@@ -45,6 +46,7 @@ class GenerationRequest:
     grammar: GrammarSpec | None = None
     starts_reply: bool = False
     prompt_logprobs: int | None = None
+    close_within_budget: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):

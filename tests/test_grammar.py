@@ -38,6 +38,8 @@ FINISHING = GrammarSpec("lark", 'start: ("!" | "\\"#" | "%")* "$"')
 # OPEN: one or more of "!", "\"#"; complete after each, so a stop token may end it.
 OPEN = GrammarSpec("lark", 'start: ("!" | "\\"#")+')
 STOP = 11
+# QUOTED: a quoted string of "!", "#", "%": complete (and finished) at its closing quote.
+QUOTED = GrammarSpec("lark", 'start: "\\"" ("!" | "#" | "%")* "\\""')
 
 
 def _chi_square_pvalue(observed: dict, exact: dict, num_runs: int) -> float:
@@ -225,14 +227,18 @@ def test_a_complete_grammar_with_no_continuation_is_finished(small_engine: Engin
 
 
 def _exact_constrained(
-    engine: Engine, prompt: list[int], config: SamplerConfig, allowed_after
+    engine: Engine,
+    prompt: list[int],
+    config: SamplerConfig,
+    allowed_after,
+    max_tokens: int = NUM_GENERATED,
 ) -> dict[tuple[int, ...], float]:
-    """P(output) of plain constrained decoding of up to NUM_GENERATED tokens, enumerated:
+    """P(output) of plain constrained decoding of up to ``max_tokens`` tokens, enumerated:
     p masked to the grammar's tokens and renormalised at every position; a path ends when the
     grammar finishes (the stop token, if any, is not an output token)."""
     done: dict[tuple[int, ...], float] = {}
     prefixes = {(): 1.0}
-    for _position in range(NUM_GENERATED):
+    for _position in range(max_tokens):
         next_prefixes = {}
         for prefix, mass in prefixes.items():
             allowed = allowed_after(prefix)
@@ -252,7 +258,7 @@ def _exact_constrained(
         output = prefix[:-1] if prefix[-1] == STOP else prefix
         done[output] = done.get(output, 0.0) + mass
     assert math.isclose(sum(done.values()), 1.0, rel_tol=1e-9)
-    every = [t for n in range(NUM_GENERATED + 1) for t in itertools.product(range(12), repeat=n)]
+    every = [t for n in range(max_tokens + 1) for t in itertools.product(range(12), repeat=n)]
     return {sequence: done.get(sequence, 0.0) for sequence in every}
 
 
@@ -287,10 +293,59 @@ def test_constrained_sampling_follows_plain_constrained_decoding(
             ignore_eos=True,
             stop_token_ids=(STOP,) if grammar == "open" else (),
             grammar=spec,
+            close_within_budget=False,  # the grammar alone (the budget rule: below)
         )
         tokens = tuple(
             e.token_id for e in small_engine.generate(request) if isinstance(e, TokenEvent)
         )
+        observed[tokens] = observed.get(tokens, 0) + 1
+    assert _chi_square_pvalue(observed, exact, NUM_RUNS) > SIGNIFICANCE
+
+
+def _quoted_next(prefix: tuple[int, ...]) -> set[int] | None:
+    """The tokens QUOTED allows after ``prefix`` under the budget rule with a margin of 1
+    and NUM_GENERATED + 1 tokens: the closing (``""`` before the opening quote, ``"``
+    inside) must fit in the tokens left, or only its first character may come."""
+    if len(prefix) >= 2 and prefix[-1] == 1:
+        return None  # closed: nothing may follow
+    allowed, closing = ({1}, 2) if not prefix else ({0, 1, 2, 4}, 1)
+    left = NUM_GENERATED + 1 - len(prefix)
+    return allowed & {1} if left <= closing + 1 else allowed
+
+
+@pytest.mark.parametrize(
+    "drafter, config",
+    [("none", SamplerConfig(temperature=0.9)), ("mtp", SamplerConfig(temperature=1.0))],
+    ids=["plain", "mtp"],
+)
+def test_the_budget_rule_is_exact_and_closes_the_text(
+    small_engine: Engine, monkeypatch: pytest.MonkeyPatch, drafter: str, config: SamplerConfig
+) -> None:
+    """Sampling under the budget rule follows the exact enumeration of plain decoding
+    with the rule's masks, for every drafter; and every output parses (the rule closed the
+    string within max_tokens)."""
+    import mtplx.grammar_budget
+
+    monkeypatch.setattr(mtplx.grammar_budget, "CLOSING_MARGIN", 1)
+    prompt = [0, 1, 2, 0, 1]
+    max_tokens = NUM_GENERATED + 1
+    exact = _exact_constrained(small_engine, prompt, config, _quoted_next, max_tokens)
+    observed: dict[tuple[int, ...], int] = {}
+    for run in range(NUM_RUNS):
+        seeded = SamplerConfig(**{**config.__dict__, "seed": run})
+        request = GenerationRequest(
+            prompt,
+            seeded,
+            max_tokens=max_tokens,
+            drafter=drafter,
+            depth=2,
+            ignore_eos=True,
+            grammar=QUOTED,
+        )
+        tokens = tuple(
+            e.token_id for e in small_engine.generate(request) if isinstance(e, TokenEvent)
+        )
+        assert tokens[0] == tokens[-1] == 1 and len(tokens) >= 2, tokens  # a closed string
         observed[tokens] = observed.get(tokens, 0) + 1
     assert _chi_square_pvalue(observed, exact, NUM_RUNS) > SIGNIFICANCE
 
