@@ -169,6 +169,8 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: Any = None  # checked by server.structured
+    # vLLM's extension: more variables for the chat template (``enable_thinking``).
+    chat_template_kwargs: dict[str, Any] | None = None
     # Defined by OpenAI, not implemented here: rejected with a 400 naming the field.
     functions: Any = None
     function_call: Any = None
