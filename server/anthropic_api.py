@@ -10,6 +10,13 @@ functions, ``tool_choice`` ``auto`` / ``any`` / ``tool`` / ``none`` become ``aut
 ``tool_result`` blocks ``tool`` messages. Calls the model makes come back as ``tool_use``
 blocks with ``stop_reason: "tool_use"``. Anthropic's server tools (web search, bash, ...)
 are a 400.
+
+A reasoning model's thinking (``server.reasoning``) comes back as a ``thinking`` block
+before the text (its ``signature`` empty: nothing is signed here). ``thinking``
+``{"type": "enabled" | "disabled"}`` is the chat template's ``enable_thinking``
+(``budget_tokens`` is accepted, not enforced: ``max_tokens`` bounds thinking and answer
+together); ``thinking`` / ``redacted_thinking`` blocks of earlier assistant turns are
+dropped, as the chat templates of thinking models drop earlier thinking.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ __all__ = [
     "message_reply",
     "new_message_id",
     "stop_reason",
+    "thinking_block",
     "to_chat_request",
     "tool_use_block",
 ]
@@ -92,6 +100,13 @@ class AnthropicToolChoice(_Strict):
     disable_parallel_tool_use: bool | None = None
 
 
+class ThinkingConfig(_Strict):
+    """``thinking``: ``enabled`` (with Anthropic's ``budget_tokens``) or ``disabled``."""
+
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(None, ge=1)
+
+
 class MessageParam(_Strict):
     """A user or assistant turn."""
 
@@ -109,8 +124,8 @@ class _Prompted(_Strict):
     # it is not supported, not a schema error.
     tools: list[dict[str, Any]] | None = None
     tool_choice: AnthropicToolChoice | None = None
+    thinking: ThinkingConfig | None = None
     # Defined by Anthropic, not implemented here: a 400 naming the field.
-    thinking: Any = None
     mcp_servers: Any = None
 
 
@@ -148,9 +163,6 @@ def unsupported_fields(body: _Prompted) -> tuple[str, str] | None:
     for name, reason in _UNSUPPORTED.items():
         if values.get(name) not in (None, []):
             return name, reason
-    thinking = body.thinking
-    if thinking is not None and thinking != {"type": "disabled"}:
-        return "thinking", "extended thinking is not supported"
     return None
 
 
@@ -232,6 +244,8 @@ def _turn(message: MessageParam, i: int, previous_calls: set[str]) -> list[dict[
                     "content": f"Error: {text}" if result.is_error else text,
                 }
             )
+        elif block.type in ("thinking", "redacted_thinking") and message.role == "assistant":
+            continue  # earlier thinking: thinking models' templates drop it too
         elif block.type == "text":
             raise _missing_text(at)
         elif block.type in ("tool_use", "tool_result"):
@@ -339,6 +353,8 @@ def to_chat_request(body: MessagesRequest | CountTokensRequest) -> ChatCompletio
             f"messages[{len(body.messages) - 1}].content",
         )
     chat: dict[str, Any] = {"model": body.model, "messages": messages, **_tool_fields(body)}
+    if body.thinking is not None:
+        chat["chat_template_kwargs"] = {"enable_thinking": body.thinking.type == "enabled"}
     if isinstance(body, MessagesRequest):
         stop = body.stop_sequences or []
         if any(not s for s in stop):
@@ -395,6 +411,11 @@ def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def thinking_block(thinking: str) -> dict[str, Any]:
+    """A ``thinking`` content block (unsigned)."""
+    return {"type": "thinking", "thinking": thinking, "signature": ""}
+
+
 def message_reply(
     message_id: str,
     model: str,
@@ -402,13 +423,16 @@ def message_reply(
     finish: tuple[str | None, str | None],
     usage: dict[str, Any],
     mtplx: dict[str, Any],
+    thinking: str | None = None,
 ) -> dict[str, Any]:
-    """The whole ``message`` object. ``reply`` is (text, calls): a text block (unless it is
-    empty and there are calls), then a ``tool_use`` block per call; ``finish`` is
-    (finish_reason, stop_sequence)."""
+    """The whole ``message`` object. ``reply`` is (text, calls): a ``thinking`` block when
+    the model thought, a text block (unless it is empty and there are calls or thinking),
+    then a ``tool_use`` block per call; ``finish`` is (finish_reason, stop_sequence)."""
     text, calls = reply
     reason, sequence = finish
-    content = [{"type": "text", "text": text}] if text or not calls else []
+    content = [thinking_block(thinking)] if thinking else []
+    if text or not (calls or thinking):
+        content.append({"type": "text", "text": text})
     content += [tool_use_block(call) for call in calls]
     return {
         "id": message_id,
