@@ -92,7 +92,7 @@ class AnthropicEvents:
         """The thinking events of a piece, and its answer text."""
         if self.splitter is None:
             return [], text
-        reasoning, content = self.splitter.add(text)
+        reasoning, content = self.splitter.add(text) if text or not final else ("", "")
         if final:
             more_reasoning, more_content = self.splitter.finish()
             reasoning, content = reasoning + more_reasoning, content + more_content

@@ -31,6 +31,7 @@ __all__ = [
     "ReasoningParser",
     "ReasoningSplitter",
     "ReplyReasoning",
+    "SplitReply",
     "reasoning_parser",
     "template_text",
 ]
@@ -88,6 +89,18 @@ class ReasoningParser:
 
 
 @dataclass(frozen=True)
+class SplitReply:
+    """A whole reply, split: ``reasoning`` None when the reply did not think (or thought
+    nothing); ``reasoning_pieces`` how many of its pieces were thinking; ``closed`` whether
+    the thinking ended (False: the reply was cut, or never thought)."""
+
+    reasoning: str | None
+    content: str
+    reasoning_pieces: int
+    closed: bool
+
+
+@dataclass(frozen=True)
 class ReplyReasoning:
     """How one prompt's replies are split: the parser, and whether the prompt opened the
     thinking."""
@@ -99,10 +112,8 @@ class ReplyReasoning:
         """A new splitter for one reply (one per choice)."""
         return ReasoningSplitter(self.parser.start, self.parser.end, self.opened)
 
-    def split(self, pieces: Iterable[str]) -> tuple[str | None, str, int]:
-        """A whole reply, given as its pieces (token texts, then the finish tail): (the
-        reasoning, None when the reply did not think or thought nothing; the content; the
-        number of pieces that were thinking)."""
+    def split(self, pieces: Iterable[str]) -> SplitReply:
+        """A whole reply, given as its pieces (token texts, then the finish tail)."""
         splitter = self.splitter()
         reasoning, content = [], []
         for piece in pieces:
@@ -113,7 +124,8 @@ class ReplyReasoning:
         reasoning.append(r)
         content.append(c)
         text = "".join(reasoning)
-        return (text or None), "".join(content), splitter.reasoning_pieces
+        closed = splitter.closed
+        return SplitReply(text or None, "".join(content), splitter.reasoning_pieces, closed)
 
 
 # Splitter states.
@@ -143,12 +155,18 @@ class ReasoningSplitter:
         self.state = _THINK_LEAD if opened else _START
         self.dropped_start = False  # an opening tag was dropped (only one ever is)
         self.held = ""
+        self.ended = False  # the thinking closed
         self.reasoning_pieces = 0  # pieces added while inside the thinking
 
     @property
     def thinking(self) -> bool:
         """Whether the reply is inside its thinking now."""
         return self.state in (_THINK_LEAD, _THINK)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the reply thought and its thinking ended."""
+        return self.ended
 
     def add(self, text: str) -> tuple[str, str]:
         """Feed one piece; the (reasoning, content) that may go out now."""
@@ -203,6 +221,7 @@ class ReasoningSplitter:
                     reasoning += text[:at].rstrip()
                     text = text[at + len(self.end) :]
                     self.state = _ANSWER_LEAD
+                    self.ended = True
                     continue
                 keep = _partial_suffix(text, self.end)
                 body = text[: len(text) - keep]

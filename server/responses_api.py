@@ -7,7 +7,9 @@ Function tools map onto chat's: ``tools`` items ``{"type": "function", "name", "
 "parameters", "strict"}`` become chat functions, ``tool_choice`` passes through (a named
 function as chat's ``{"type": "function", "function": {"name"}}``), input ``function_call``
 items become an assistant message's ``tool_calls`` and ``function_call_output`` items ``tool``
-messages. Built-in tools (web search, file search, ...) are a 400.
+messages. Built-in tools (web search, file search, ...) are a 400. ``reasoning`` input items
+(a reasoning model's earlier thinking, sent back) are dropped, as the chat templates of
+thinking models drop earlier thinking.
 
 Nothing is stored: ``store`` is accepted and ignored, ``previous_response_id`` is a 400.
 """
@@ -217,10 +219,12 @@ def _input_messages(items: list[InputItem]) -> list[dict[str, Any]]:
             messages.append({"role": "tool", "tool_call_id": output.call_id, "content": text})
         elif item.type in (None, "message"):
             messages.append(_message(item, i))
+        elif item.type == "reasoning":
+            continue  # earlier thinking: thinking models' templates drop it too
         else:
             raise _bad(
                 f"input[{i}]: items of type {item.type!r} are not supported (only messages, "
-                "function_call and function_call_output)",
+                "function_call, function_call_output and reasoning)",
                 f"input[{i}].type",
                 "unsupported_parameter",
             )

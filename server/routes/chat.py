@@ -158,7 +158,8 @@ async def chat_completions(request: Request) -> Response:
     def message(result: ChoiceResult) -> tuple[dict[str, Any], str | None]:
         text, thought = result.text, None
         if reasoning is not None:  # the thinking apart; tool calls are in the answer
-            thought, text, _ = reasoning.split([result.text])
+            split = reasoning.split([result.text])
+            thought, text = split.reasoning, split.content
         reply: dict[str, Any] = {"role": "assistant", "content": text}
         if reasoning is not None:
             reply["reasoning_content"] = thought

@@ -47,7 +47,8 @@ async def messages(request: Request) -> Response:
         finish = (result.finish_reason, result.stop_sequence)
         text, thinking = result.text, None
         if prompt.reasoning is not None:  # the thinking apart; tool calls are in the answer
-            thinking, text, _ = prompt.reasoning.split([result.text])
+            split = prompt.reasoning.split([result.text])
+            thinking, text = split.reasoning, split.content
         reply = split_reply(text, plan)
         return message_reply(message_id, model, reply, finish, usage, mtplx, thinking)
 

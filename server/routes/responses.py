@@ -38,7 +38,14 @@ async def responses(request: Request) -> Response:
         results: list[ChoiceResult], usage: dict[str, Any], mtplx: dict[str, Any]
     ) -> dict[str, Any]:
         result = results[0]
-        return builder.final(split_reply(result.text, plan), result.finish_reason, usage, mtplx)
+        text, split = result.text, None
+        if prompt.reasoning is not None:  # the thinking apart; calls are in the answer
+            pieces = [t.text for t in result.tokens]
+            tail = result.text[len("".join(pieces)) :]  # the finish event's held-back text
+            split = prompt.reasoning.split([*pieces, tail] if tail else pieces)
+            text = split.content
+        reply = split_reply(text, plan)
+        return builder.final(reply, result.finish_reason, usage, mtplx, split)
 
     return await respond(
         request,
@@ -48,5 +55,5 @@ async def responses(request: Request) -> Response:
         prompt_tokens=len(prompt.token_ids),
         stream=body.stream,
         build_reply=build_reply,
-        events=ResponsesEvents(builder, plan),
+        events=ResponsesEvents(builder, plan, prompt.reasoning),
     )
