@@ -52,40 +52,29 @@ def template_text(tokenizer: Any) -> str:
     return template if isinstance(template, str) else ""
 
 
-def _rfind(ids: Sequence[int], pattern: Sequence[int]) -> int:
-    """Start of the last occurrence of ``pattern`` in ``ids``, -1 if none."""
-    size = len(pattern)
-    if not size:
-        return -1
-    first = pattern[0]
-    for i in range(len(ids) - size, -1, -1):
-        if ids[i] == first and list(ids[i : i + size]) == list(pattern):
-            return i
-    return -1
-
-
 @dataclass(frozen=True)
 class ReasoningParser:
-    """One model's thinking tags, as text and as token ids, and how a reply starts."""
+    """One model's thinking tags, and how a reply starts."""
 
     name: str
-    start_ids: tuple[int, ...]
-    end_ids: tuple[int, ...]
-    close_ids: tuple[int, ...]  # ``</think>`` and the blank line after it
+    close_ids: tuple[int, ...]  # ``</think>`` and the blank line after it, as token ids
     start: str = THINK_START
     end: str = THINK_END
 
-    def opens_in(self, prompt_ids: Sequence[int]) -> bool:
-        """Whether a reply to this prompt starts inside the thinking."""
-        last_start = _rfind(prompt_ids, self.start_ids)
-        last_end = _rfind(prompt_ids, self.end_ids)
+    def opens_in(self, reply_prefix: str) -> bool:
+        """Whether a reply starts inside the thinking, judged by ``reply_prefix``: the text
+        in front of the reply inside its turn (the template's generation prompt, and an
+        assistant prefill). Tags earlier in the prompt (a user quoting them) do not
+        count."""
+        last_start = reply_prefix.rfind(self.start)
+        last_end = reply_prefix.rfind(self.end)
         if self.name == "deepseek_r1":
-            return not last_end > last_start  # open unless the prompt's last tag closes
+            return not last_end > last_start  # open unless the prefix's last tag closes
         return last_start > last_end
 
-    def reply(self, prompt_ids: Sequence[int]) -> ReplyReasoning:
-        """How a reply to this prompt is split."""
-        return ReplyReasoning(self, self.opens_in(prompt_ids))
+    def reply(self, reply_prefix: str) -> ReplyReasoning:
+        """How a reply after ``reply_prefix`` is split."""
+        return ReplyReasoning(self, self.opens_in(reply_prefix))
 
 
 @dataclass(frozen=True)
@@ -257,10 +246,5 @@ def reasoning_parser(
         def encode(text: str) -> Sequence[int]:
             return tokenizer.encode(text, add_special_tokens=False)
 
-    end_ids = tuple(int(t) for t in encode(THINK_END))
-    return ReasoningParser(
-        name=name,
-        start_ids=tuple(int(t) for t in encode(THINK_START)),
-        end_ids=end_ids,
-        close_ids=end_ids + tuple(int(t) for t in encode(_AFTER_END)),
-    )
+    close_ids = tuple(int(t) for t in encode(THINK_END + _AFTER_END))
+    return ReasoningParser(name=name, close_ids=close_ids)

@@ -154,6 +154,8 @@ async def chat_completions(request: Request) -> Response:
     chunks = ChatChunks(model, engine.token_text, body.logprobs, include_usage)
 
     reasoning = prompt.reasoning
+    # A reasoning model's messages all carry reasoning_content (null in a constrained one).
+    thinks = ctx.reasoning_parser() is not None
 
     def message(result: ChoiceResult) -> tuple[dict[str, Any], str | None]:
         text, thought = result.text, None
@@ -161,7 +163,7 @@ async def chat_completions(request: Request) -> Response:
             split = reasoning.split([result.text])
             thought, text = split.reasoning, split.content
         reply: dict[str, Any] = {"role": "assistant", "content": text}
-        if reasoning is not None:
+        if thinks:
             reply["reasoning_content"] = thought
             if thought is not None and not text:
                 reply["content"] = None  # all thinking (it never closed, or said nothing)

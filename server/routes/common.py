@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -80,11 +81,12 @@ async def chat_prompt_for(
             )
         kwargs["enable_thinking"] = False
     conversation, tools = render_conversation(body.messages, plan, call_style(engine.tokenizer))
+    render = functools.partial(chat_prompt, reply_prefix=parser is not None)
     prompt = await in_tokenizer_thread(
-        chat_prompt, engine.tokenizer, body.messages, continue_final, conversation, tools, kwargs
+        render, engine.tokenizer, body.messages, continue_final, conversation, tools, kwargs
     )
     if parser is not None:
-        reply = parser.reply(prompt.token_ids)
+        reply = parser.reply(prompt.reply_prefix or "")
         if not constrained:
             prompt = dataclasses.replace(prompt, reasoning=reply)
         elif reply.opened:  # a template that always thinks: the prompt closes it
