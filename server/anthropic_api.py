@@ -354,7 +354,10 @@ def to_chat_request(body: MessagesRequest | CountTokensRequest) -> ChatCompletio
         )
     chat: dict[str, Any] = {"model": body.model, "messages": messages, **_tool_fields(body)}
     if body.thinking is not None:
-        chat["chat_template_kwargs"] = {"enable_thinking": body.thinking.type == "enabled"}
+        enabled = body.thinking.type == "enabled"
+        if enabled and body.tool_choice is not None and body.tool_choice.type in ("any", "tool"):
+            raise _bad("Thinking may not be enabled when tool_choice forces tool use.", "thinking")
+        chat["chat_template_kwargs"] = {"enable_thinking": enabled}
     if isinstance(body, MessagesRequest):
         stop = body.stop_sequences or []
         if any(not s for s in stop):

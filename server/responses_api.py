@@ -12,6 +12,10 @@ messages. Built-in tools (web search, file search, ...) are a 400. ``reasoning``
 thinking models drop earlier thinking.
 
 Nothing is stored: ``store`` is accepted and ignored, ``previous_response_id`` is a 400.
+
+``reasoning``: ``effort`` ``none`` or ``minimal`` turns a reasoning model's thinking off
+(the chat template's ``enable_thinking: false``); other efforts leave it as the template
+has it (on, for a thinking model); no summaries are written (``summary`` is accepted).
 """
 
 from __future__ import annotations
@@ -86,6 +90,15 @@ class FunctionCallOutputItem(_Strict):
     status: _ItemStatus | None = None
 
 
+class ReasoningOptions(_Strict):
+    """``reasoning``: the effort (``none`` / ``minimal``: no thinking) and summaries (none
+    are written)."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 class ResponsesRequest(BaseModel):
     """POST /v1/responses."""
 
@@ -116,10 +129,10 @@ class ResponsesRequest(BaseModel):
     prompt_cache_key: str | None = None  # accepted: prefix caching is automatic
     service_tier: str | None = None  # accepted and ignored
     mtplx: MtplxOptions | None = None
+    reasoning: ReasoningOptions | None = None
     # Defined by OpenAI, not implemented here: a 400 naming the field.
     previous_response_id: Any = None
     conversation: Any = None
-    reasoning: Any = None
     background: Any = None
     prompt: Any = None
     top_logprobs: Any = None
@@ -129,7 +142,6 @@ _UNSUPPORTED = {
     "previous_response_id": "this server is stateless and keeps no responses; send the whole "
     "conversation in 'input'",
     "conversation": "this server is stateless and keeps no conversations",
-    "reasoning": "reasoning options are not supported",
     "prompt": "stored prompts are not supported",
     "top_logprobs": "logprobs are not supported on this API",
 }
@@ -286,9 +298,12 @@ def to_chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     if not messages:
         raise APIError(400, "input must not be empty", param="input", code="invalid_value")
     options = body.mtplx.model_dump(exclude_unset=True) if body.mtplx else None
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    thinking_off = {"enable_thinking": False} if effort in ("none", "minimal") else None
     return ChatCompletionRequest.model_validate(
         {
             "model": body.model,
+            "chat_template_kwargs": thinking_off,
             "messages": messages,
             "max_tokens": body.max_output_tokens,
             "temperature": body.temperature,

@@ -143,7 +143,10 @@ class ResponseBuilder:
                 True if body.parallel_tool_calls is None else body.parallel_tool_calls
             ),
             "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {
+                "effort": body.reasoning.effort if body.reasoning else None,
+                "summary": None,  # no summaries are written
+            },
             "store": False,  # nothing is kept, whatever the request asked
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": {"type": "text"}},

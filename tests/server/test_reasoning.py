@@ -398,6 +398,39 @@ async def test_responses_cut_while_thinking(scripted):
     ]
 
 
+@pytest.mark.anyio
+async def test_thinking_switches_of_messages_responses_and_tokenize(scripted):
+    engine, client = scripted(ANSWER)
+    renders = engine.tokenizer.renders
+    response = await sdk_openai(client).responses.create(
+        model=MODEL, input="hi", reasoning={"effort": "none"}
+    )
+    assert renders[-1] == {"enable_thinking": False} and response.reasoning.effort == "none"
+    await sdk_openai(client).responses.create(model=MODEL, input="hi", reasoning={"effort": "high"})
+    assert renders[-1] == {}  # the template's own default
+    # Anthropic refuses thinking with a forced tool call, as Anthropic does.
+    tool = {"name": "f", "input_schema": {"type": "object"}}
+    body = {
+        "model": MODEL,
+        "max_tokens": 5,
+        "messages": USER,
+        "tools": [tool],
+        "tool_choice": {"type": "any"},
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+    }
+    r = await client.post("/v1/messages", json=body)
+    assert r.status_code == 400 and "tool_choice forces tool use" in r.text
+    # /tokenize renders the conversation as chat would, template variables included.
+    tokenize = {
+        "model": MODEL,
+        "messages": USER,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    tokens = (await client.post("/tokenize", json=tokenize)).json()["tokens"]
+    assert renders[-1] == {"enable_thinking": False}
+    assert bytes(tokens).decode().endswith("<think>\n\n</think>\n\n")
+
+
 # ------------------------------------------------------- a real checkpoint, end to end
 
 GREEDY = SamplerConfig(temperature=0.0)

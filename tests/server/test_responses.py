@@ -156,7 +156,7 @@ async def test_failure_mid_stream(client):
         (body(tool_choice="required"), 400, "tool_choice"),
         (body(tools=[F_TOOL], tool_choice={"type": "file_search"}), 400, "tool_choice"),
         (body(tools=[F_TOOL], tool_choice={"type": "function", "name": "g"}), 400, "tool_choice"),
-        (body(reasoning={"effort": "high"}), 400, "reasoning"),
+        (body(reasoning={"effort": "highest"}), 400, "reasoning.effort"),
         (body(background=True), 400, "background"),
         (body(include=["message.output_text.logprobs"]), 400, "include"),
         (body(text={"format": {"type": "json_object"}}), 400, "text.format"),
