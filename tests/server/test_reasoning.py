@@ -399,6 +399,26 @@ async def test_responses_cut_while_thinking(scripted):
 
 
 @pytest.mark.anyio
+async def test_only_the_text_in_front_of_the_reply_says_whether_it_starts_thinking(scripted):
+    """A user quoting a tag does not put the reply inside the thinking; an assistant
+    prefill that opens it does."""
+    _, client = scripted("see.\n</think>\n\nFour.")
+    sdk = sdk_openai(client)
+    quoting = [{"role": "user", "content": "What does <think> do?"}]
+    reply = await sdk.chat.completions.create(model=MODEL, messages=quoting)
+    assert reply.choices[0].message.content == "see.\n</think>\n\nFour."
+    assert reply.choices[0].message.reasoning_content is None
+    prefill = [*USER, {"role": "assistant", "content": "<think>\nLet me"}]
+    message = await sdk_anthropic(client).messages.create(
+        model=MODEL, max_tokens=50, messages=prefill
+    )
+    assert [(b.type, getattr(b, "thinking", None) or b.text) for b in message.content] == [
+        ("thinking", "see."),
+        ("text", "Four."),
+    ]
+
+
+@pytest.mark.anyio
 async def test_thinking_switches_of_messages_responses_and_tokenize(scripted):
     engine, client = scripted(ANSWER)
     renders = engine.tokenizer.renders
