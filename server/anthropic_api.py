@@ -15,8 +15,9 @@ A reasoning model's thinking (``server.reasoning``) comes back as a ``thinking``
 before the text (its ``signature`` empty: nothing is signed here). ``thinking``
 ``{"type": "enabled" | "disabled"}`` is the chat template's ``enable_thinking``
 (``budget_tokens`` is accepted, not enforced: ``max_tokens`` bounds thinking and answer
-together); ``thinking`` / ``redacted_thinking`` blocks of earlier assistant turns are
-dropped, as the chat templates of thinking models drop earlier thinking.
+together); ``thinking`` blocks of earlier assistant turns are passed to the chat template
+as the turn's ``reasoning_content`` (the template keeps or drops it), ``redacted_thinking``
+blocks are dropped.
 """
 
 from __future__ import annotations
@@ -209,6 +210,7 @@ def _turn(message: MessageParam, i: int, previous_calls: set[str]) -> list[dict[
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(message.content):
@@ -244,8 +246,12 @@ def _turn(message: MessageParam, i: int, previous_calls: set[str]) -> list[dict[
                     "content": f"Error: {text}" if result.is_error else text,
                 }
             )
-        elif block.type in ("thinking", "redacted_thinking") and message.role == "assistant":
-            continue  # earlier thinking: thinking models' templates drop it too
+        elif block.type == "thinking" and message.role == "assistant":
+            thinking = getattr(block, "thinking", None)
+            if isinstance(thinking, str):  # to the template, which keeps or drops it
+                thoughts.append(thinking)
+        elif block.type == "redacted_thinking" and message.role == "assistant":
+            continue  # nothing readable in it
         elif block.type == "text":
             raise _missing_text(at)
         elif block.type in ("tool_use", "tool_result"):
@@ -259,6 +265,8 @@ def _turn(message: MessageParam, i: int, previous_calls: set[str]) -> list[dict[
             )
     if message.role == "assistant":
         entry: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+        if thoughts:
+            entry["reasoning_content"] = "\n".join(thoughts)
         return [{**entry, "tool_calls": calls}] if calls else [entry]
     return (
         [*results, {"role": "user", "content": "\n".join(texts)}]
@@ -280,6 +288,9 @@ def _append(messages: list[dict[str, Any]], entry: dict[str, Any]) -> None:
         messages.append(entry)
         return
     last["content"] = "\n\n".join(part for part in (last["content"], entry["content"]) if part)
+    if entry.get("reasoning_content"):
+        thoughts = (last.get("reasoning_content"), entry["reasoning_content"])
+        last["reasoning_content"] = "\n\n".join(part for part in thoughts if part)
     if entry.get("tool_calls"):
         last["tool_calls"] = entry["tool_calls"]
 

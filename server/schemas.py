@@ -124,14 +124,17 @@ class NamedToolChoice(_Strict):
 
 class ChatMessage(_Strict):
     """A system / developer / user / assistant / tool message. An assistant message may
-    carry ``tool_calls`` (content then may be null); a tool message answers one by
-    ``tool_call_id``."""
+    carry ``tool_calls`` (content then may be null) and ``reasoning_content``; a tool
+    message answers one by ``tool_call_id``."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # An assistant message's thinking, as a reasoning model's reply carried it: passed to
+    # the chat template, which keeps or drops it (Qwen3's keeps it within a tool loop).
+    reasoning_content: str | None = None
 
 
 class _SamplingFields(_Strict):

@@ -128,6 +128,7 @@ class ThinkingTokenizer(FakeTokenizer):
         self.always = False  # a template that thinks whatever enable_thinking says
         self.chat_template = thinking_chat_template(opens) + "{# tools <tool_call> #}"
         self.renders: list[dict[str, Any]] = []
+        self.conversations: list[list[dict[str, Any]]] = []
 
     def apply_chat_template(
         self,
@@ -137,6 +138,7 @@ class ThinkingTokenizer(FakeTokenizer):
         **kwargs: Any,
     ) -> list[int] | str:
         self.renders.append(kwargs)
+        self.conversations.append(list(messages))
         text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
         if add_generation_prompt:
             text += "<|assistant|>"
@@ -264,6 +266,29 @@ async def test_tool_calls_are_parsed_from_the_answer_not_the_thinking(scripted):
 
 
 @pytest.mark.anyio
+async def test_a_replys_message_can_go_back_into_the_history(scripted):
+    """The openai SDK's message, reasoning_content and all, is a valid history message;
+    its thinking reaches the template. Streamed with logprobs, every token has one entry."""
+    engine, client = scripted(THOUGHT + ANSWER)
+    sdk = sdk_openai(client)
+    reply = await sdk.chat.completions.create(model=MODEL, messages=USER)
+    history = [*USER, reply.choices[0].message.model_dump(exclude_none=True)]
+    history.append({"role": "user", "content": "And 3+3?"})
+    again = await sdk.chat.completions.create(model=MODEL, messages=history)
+    assert again.choices[0].message.content == ANSWER
+    turn = engine.tokenizer.conversations[-1][1]
+    assert turn["reasoning_content"] == "The user wants 2+2. That is 4."
+    _, _, chunks = await chat_stream(sdk, logprobs=True, stream_options={"include_usage": True})
+    entries = [
+        e
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    assert len(entries) == chunks[-1].usage.completion_tokens == len(THOUGHT + ANSWER)
+
+
+@pytest.mark.anyio
 async def test_chat_template_kwargs_reach_the_template(scripted):
     engine, client = scripted(ANSWER)
     sdk = sdk_openai(client)
@@ -337,7 +362,9 @@ async def test_anthropic_messages_thinking_blocks(scripted):
         config = {**thinking, "budget_tokens": 1024} if enabled else thinking
         await sdk.messages.create(model=MODEL, max_tokens=5, messages=history, thinking=config)
         assert engine.tokenizer.renders[-1] == {"enable_thinking": enabled}
-    assert b"2+2=4" not in bytes(engine.requests[-1].prompt_ids)
+    # The earlier thinking goes to the template as the turn's reasoning_content.
+    turn = engine.tokenizer.conversations[-1][1]
+    assert turn == {"role": "assistant", "content": "4", "reasoning_content": "2+2=4"}
 
 
 @pytest.mark.anyio
