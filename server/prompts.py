@@ -114,11 +114,12 @@ def _too_long(param: str, size: str, context_length: int) -> APIError:
 
 
 def _content_chars(message: ChatMessage) -> int:
+    thinking = len(message.reasoning_content or "")
     if message.content is None:
-        return 0
+        return thinking
     if isinstance(message.content, str):
-        return len(message.content)
-    return sum(len(part.text or "") for part in message.content)
+        return thinking + len(message.content)
+    return thinking + sum(len(part.text or "") for part in message.content)
 
 
 def check_prompt_size(

@@ -298,12 +298,10 @@ def to_chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     if not messages:
         raise APIError(400, "input must not be empty", param="input", code="invalid_value")
     options = body.mtplx.model_dump(exclude_unset=True) if body.mtplx else None
-    effort = body.reasoning.effort if body.reasoning is not None else None
-    thinking_off = {"enable_thinking": False} if effort in ("none", "minimal") else None
     return ChatCompletionRequest.model_validate(
         {
             "model": body.model,
-            "chat_template_kwargs": thinking_off,
+            "reasoning_effort": body.reasoning.effort if body.reasoning is not None else None,
             "messages": messages,
             "max_tokens": body.max_output_tokens,
             "temperature": body.temperature,

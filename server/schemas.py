@@ -174,13 +174,15 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: Any = None  # checked by server.structured
     # vLLM's extension: more variables for the chat template (``enable_thinking``).
     chat_template_kwargs: dict[str, Any] | None = None
+    # none / minimal: a reasoning model does not think (``enable_thinking: false``); the
+    # other efforts leave the chat template's default.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # Defined by OpenAI, not implemented here: rejected with a 400 naming the field.
     functions: Any = None
     function_call: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
-    reasoning_effort: Any = None
     web_search_options: Any = None
 
 
@@ -203,7 +205,6 @@ _UNSUPPORTED = {
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "prediction": "predicted outputs are not supported",
-    "reasoning_effort": "reasoning_effort is not supported",
     "web_search_options": "web search is not supported",
     "suffix": "suffix (insertion) is not supported",
 }

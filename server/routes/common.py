@@ -60,14 +60,18 @@ async def chat_prompt_for(
     thinking is told from its answer (``Prompt.reasoning``). count_tokens stops here;
     generation goes on in ``start_chat``.
 
-    A constrained reply (a grammar: ``response_format``, a required tool call) is all
-    answer: the template is asked not to think (``enable_thinking: false``), a thinking
-    block the prompt still opens is closed in the prompt, and the reply is not split."""
+    ``reasoning_effort`` none / minimal is ``enable_thinking: false`` (unless
+    ``chat_template_kwargs`` says otherwise). A constrained reply (a grammar:
+    ``response_format``, a required tool call) is all answer: the template is asked not to
+    think (``enable_thinking: false``), a thinking block the prompt still opens is closed
+    in the prompt, and the reply is not split."""
     engine = ctx.engine()
     check_common(body, ctx.settings, ctx.model_names())
     check_prompt_size(body, engine.context_length)
     plan = plan_tools(body, engine.tokenizer)
     kwargs = check_template_kwargs(body.chat_template_kwargs)
+    if body.reasoning_effort in ("none", "minimal"):  # chat_template_kwargs win
+        kwargs.setdefault("enable_thinking", False)
     parser = ctx.reasoning_parser()
     constrained = parser is not None and reply_grammar(body, plan) is not None
     if constrained:

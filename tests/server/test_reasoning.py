@@ -455,6 +455,12 @@ async def test_thinking_switches_of_messages_responses_and_tokenize(scripted):
     assert renders[-1] == {"enable_thinking": False} and response.reasoning.effort == "none"
     await sdk_openai(client).responses.create(model=MODEL, input="hi", reasoning={"effort": "high"})
     assert renders[-1] == {}  # the template's own default
+    chat = sdk_openai(client).chat.completions
+    await chat.create(model=MODEL, messages=USER, reasoning_effort="minimal")
+    assert renders[-1] == {"enable_thinking": False}
+    on = {"chat_template_kwargs": {"enable_thinking": True}}
+    await chat.create(model=MODEL, messages=USER, reasoning_effort="none", extra_body=on)
+    assert renders[-1] == {"enable_thinking": True}  # the template variables win
     # Anthropic refuses thinking with a forced tool call, as Anthropic does.
     tool = {"name": "f", "input_schema": {"type": "object"}}
     body = {
