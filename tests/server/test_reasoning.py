@@ -24,7 +24,7 @@ from mtplx.sampling import SamplerConfig
 from server.errors import APIError
 from server.prompts import check_template_kwargs
 from server.reasoning import ReasoningSplitter, reasoning_parser
-from tests.fake_engine import FakeEngine, FakeTokenizer
+from tests.fake_engine import FakeTokenizer, ScriptedEngine
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.tokenizer import THINK_END_ID, thinking_chat_template
 from tests.fixtures.variants import add_thinking_tokens, untie_lm_head
@@ -117,54 +117,6 @@ def test_chat_template_kwargs_cannot_set_the_servers_own_arguments():
 
 
 # ----------------------------------------------------------------- scripted engine, SDKs
-
-
-class ThinkingTokenizer(FakeTokenizer):
-    """The fake byte tokenizer with a Qwen3-style thinking template (tools rendered the
-    Hermes way): records the template variables of every render."""
-
-    def __init__(self, opens: bool = False) -> None:
-        self.opens = opens
-        self.always = False  # a template that thinks whatever enable_thinking says
-        self.chat_template = thinking_chat_template(opens) + "{# tools <tool_call> #}"
-        self.renders: list[dict[str, Any]] = []
-        self.conversations: list[list[dict[str, Any]]] = []
-
-    def apply_chat_template(
-        self,
-        messages: Any,
-        add_generation_prompt: bool = True,
-        tokenize: bool = True,
-        **kwargs: Any,
-    ) -> list[int] | str:
-        self.renders.append(kwargs)
-        self.conversations.append(list(messages))
-        text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
-        if add_generation_prompt:
-            text += "<|assistant|>"
-            if self.always:
-                text += "<think>\n"
-            elif kwargs.get("enable_thinking") is False:
-                text += "<think>\n\n</think>\n\n"
-            elif self.opens:
-                text += "<think>\n"
-        return self.encode(text) if tokenize else text
-
-
-class ScriptedEngine(FakeEngine):
-    """The fake engine answering ``script`` (its UTF-8 bytes, one token each, cut at
-    max_tokens) whatever the prompt."""
-
-    def __init__(self, script: str, opens: bool = False) -> None:
-        super().__init__()
-        self.script = script
-        self.tokenizer = ThinkingTokenizer(opens)
-
-    def plan_with_stop(self, request: GenerationRequest) -> tuple[list[int], str, str | None]:
-        tokens = list(self.script.encode("utf-8"))
-        if len(tokens) > request.max_tokens:
-            return tokens[: request.max_tokens], "length", None
-        return tokens, "stop", None
 
 
 @pytest.fixture
