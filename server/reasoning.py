@@ -138,7 +138,9 @@ class ReasoningSplitter:
     that may still turn out to be a tag (or whitespace that may be trimmed) is held back
     until it is decided; ``finish`` releases it."""
 
-    def __init__(self, start: str = THINK_START, end: str = THINK_END, opened: bool = False):
+    def __init__(
+        self, start: str = THINK_START, end: str = THINK_END, opened: bool = False
+    ) -> None:
         self.start = start
         self.end = end
         self.state = _THINK_LEAD if opened else _START

@@ -215,6 +215,23 @@ async def test_tool_calls_are_parsed_from_the_answer_not_the_thinking(scripted):
     calls = [d.tool_calls for c in chunks if c.choices and (d := c.choices[0].delta).tool_calls]
     assert calls[0][0].function.name == "add"
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # The same on the other APIs, streamed and not.
+    claude = sdk_anthropic(client)
+    tool = {"name": "add", "input_schema": {"type": "object"}}
+    args = {"model": MODEL, "max_tokens": 200, "messages": USER, "tools": [tool]}
+    message = await claude.messages.create(**args)
+    async with claude.messages.stream(**args) as stream:
+        streamed = await stream.get_final_message()
+    for reply in (message, streamed):
+        assert [b.type for b in reply.content] == ["thinking", "tool_use"]
+        assert reply.content[1].input == {"a": 2, "b": 2} and reply.stop_reason == "tool_use"
+    function = {"type": "function", "name": "add", "parameters": {"type": "object"}}
+    response = await sdk.responses.create(model=MODEL, input="2+2?", tools=[function])
+    stream = await sdk.responses.create(model=MODEL, input="2+2?", tools=[function], stream=True)
+    final = [event async for event in stream][-1].response
+    for reply in (response, final):
+        assert [i.type for i in reply.output] == ["reasoning", "function_call"]
+        assert json.loads(reply.output[1].arguments) == {"a": 2, "b": 2}
 
 
 @pytest.mark.anyio
