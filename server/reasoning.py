@@ -101,6 +101,13 @@ class ReplyReasoning:
         """A new splitter for one reply (one per choice)."""
         return ReasoningSplitter(self.parser.start, self.parser.end, self.opened)
 
+    def split_tokens(self, token_texts: Sequence[str], text: str) -> SplitReply:
+        """A whole reply from its tokens' texts and its whole ``text`` (which ends with the
+        tail the detokenizer held back until the finish): ``reasoning_pieces`` counts
+        tokens."""
+        tail = text[len("".join(token_texts)) :]
+        return self.split([*token_texts, tail] if tail else token_texts)
+
     def split(self, pieces: Iterable[str]) -> SplitReply:
         """A whole reply, given as its pieces (token texts, then the finish tail)."""
         splitter = self.splitter()

@@ -137,9 +137,11 @@ class ReasoningChunks:
             out += _listed(self.inner.tail(index, content))
         return [*out, *_listed(self.inner.finish(index, reason))]
 
-    def usage(self, usage: dict[str, int], mtplx: dict[str, Any]) -> dict[str, Any]:
-        """The usage chunk, unchanged."""
-        return self.inner.usage(usage, mtplx)
+    def usage(self, usage: dict[str, Any], mtplx: dict[str, Any]) -> dict[str, Any]:
+        """The usage chunk, with the tokens the choices spent thinking."""
+        thinking = sum(s.reasoning_pieces for s in self.splitters.values())
+        details = {"reasoning_tokens": thinking}
+        return self.inner.usage({**usage, "completion_tokens_details": details}, mtplx)
 
 
 @router.post("/v1/chat/completions")
@@ -157,11 +159,14 @@ async def chat_completions(request: Request) -> Response:
     # A reasoning model's messages all carry reasoning_content (null in a constrained one).
     thinks = ctx.reasoning_parser() is not None
 
+    thinking_tokens: list[int] = []  # per choice, for usage
+
     def message(result: ChoiceResult) -> tuple[dict[str, Any], str | None]:
         text, thought = result.text, None
         if reasoning is not None:  # the thinking apart; tool calls are in the answer
-            split = reasoning.split([result.text])
+            split = reasoning.split_tokens([t.text for t in result.tokens], result.text)
             thought, text = split.reasoning, split.content
+            thinking_tokens.append(split.reasoning_pieces)
         reply: dict[str, Any] = {"role": "assistant", "content": text}
         if thinks:
             reply["reasoning_content"] = thought
@@ -190,6 +195,11 @@ async def chat_completions(request: Request) -> Response:
                     "finish_reason": finish_reason,
                 }
             )
+        if reasoning is not None:
+            usage = {
+                **usage,
+                "completion_tokens_details": {"reasoning_tokens": sum(thinking_tokens)},
+            }
         return {
             "id": chunks.id,
             "object": "chat.completion",

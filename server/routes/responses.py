@@ -40,9 +40,7 @@ async def responses(request: Request) -> Response:
         result = results[0]
         text, split = result.text, None
         if prompt.reasoning is not None:  # the thinking apart; calls are in the answer
-            pieces = [t.text for t in result.tokens]
-            tail = result.text[len("".join(pieces)) :]  # the finish event's held-back text
-            split = prompt.reasoning.split([*pieces, tail] if tail else pieces)
+            split = prompt.reasoning.split_tokens([t.text for t in result.tokens], result.text)
             text = split.content
         reply = split_reply(text, plan)
         return builder.final(reply, result.finish_reason, usage, mtplx, split)

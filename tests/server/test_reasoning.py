@@ -177,8 +177,14 @@ async def test_chat_completions_split_reasoning_content(scripted, opens):
     assert message.reasoning_content == "The user wants 2+2. That is 4."
     assert message.content == ANSWER
     assert reply.choices[0].finish_reason == "stop"
-    reasoning, content, chunks = await chat_stream(sdk, max_tokens=200)
+    # Byte tokens: those from the first after <think> to the one completing </think>.
+    thinking_tokens = len("\nThe user wants 2+2. That is 4.\n</think>")
+    assert reply.usage.completion_tokens_details.reasoning_tokens == thinking_tokens
+    usage = {"include_usage": True}
+    reasoning, content, chunks = await chat_stream(sdk, max_tokens=200, stream_options=usage)
     assert (reasoning, content) == (message.reasoning_content, ANSWER)
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == thinking_tokens
+    chunks = chunks[:-1]  # the usage chunk has no choices
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     texts = [(d.content or "") + (getattr(d, "reasoning_content", None) or "") for d in deltas]
     assert not any("<" in text for text in texts)  # no tag, nor part of one
