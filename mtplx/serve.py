@@ -100,6 +100,12 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", help="the model id clients send")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.add_argument(
+        "--reasoning-parser",
+        choices=("auto", "none", "qwen3", "deepseek_r1"),
+        help="split <think>...</think> from the answer (auto: when the chat template "
+        "writes </think>; none: leave it in the text)",
+    )
+    p.add_argument(
         "--distributed",
         action="store_true",
         help="split the model's layers over the ranks of mlx.launch (rank 0 serves HTTP)",
@@ -283,6 +289,7 @@ def serve(args: argparse.Namespace) -> int:
         "max_tokens_limit": args.max_tokens_limit,
         "served_model_name": args.served_model_name,
         "log_level": args.log_level,
+        "reasoning_parser": args.reasoning_parser,
     }
     try:
         settings = load_settings(args.config, overrides)

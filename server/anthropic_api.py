@@ -10,6 +10,14 @@ functions, ``tool_choice`` ``auto`` / ``any`` / ``tool`` / ``none`` become ``aut
 ``tool_result`` blocks ``tool`` messages. Calls the model makes come back as ``tool_use``
 blocks with ``stop_reason: "tool_use"``. Anthropic's server tools (web search, bash, ...)
 are a 400.
+
+A reasoning model's thinking (``server.reasoning``) comes back as a ``thinking`` block
+before the text (its ``signature`` empty: nothing is signed here). ``thinking``
+``{"type": "enabled" | "disabled"}`` is the chat template's ``enable_thinking``
+(``budget_tokens`` is accepted, not enforced: ``max_tokens`` bounds thinking and answer
+together); ``thinking`` blocks of earlier assistant turns are passed to the chat template
+as the turn's ``reasoning_content`` (the template keeps or drops it), ``redacted_thinking``
+blocks are dropped.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ __all__ = [
     "message_reply",
     "new_message_id",
     "stop_reason",
+    "thinking_block",
     "to_chat_request",
     "tool_use_block",
 ]
@@ -92,6 +101,13 @@ class AnthropicToolChoice(_Strict):
     disable_parallel_tool_use: bool | None = None
 
 
+class ThinkingConfig(_Strict):
+    """``thinking``: ``enabled`` (with Anthropic's ``budget_tokens``) or ``disabled``."""
+
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(None, ge=1)
+
+
 class MessageParam(_Strict):
     """A user or assistant turn."""
 
@@ -109,8 +125,8 @@ class _Prompted(_Strict):
     # it is not supported, not a schema error.
     tools: list[dict[str, Any]] | None = None
     tool_choice: AnthropicToolChoice | None = None
+    thinking: ThinkingConfig | None = None
     # Defined by Anthropic, not implemented here: a 400 naming the field.
-    thinking: Any = None
     mcp_servers: Any = None
 
 
@@ -148,9 +164,6 @@ def unsupported_fields(body: _Prompted) -> tuple[str, str] | None:
     for name, reason in _UNSUPPORTED.items():
         if values.get(name) not in (None, []):
             return name, reason
-    thinking = body.thinking
-    if thinking is not None and thinking != {"type": "disabled"}:
-        return "thinking", "extended thinking is not supported"
     return None
 
 
@@ -197,6 +210,7 @@ def _turn(message: MessageParam, i: int, previous_calls: set[str]) -> list[dict[
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(message.content):
@@ -232,6 +246,12 @@ def _turn(message: MessageParam, i: int, previous_calls: set[str]) -> list[dict[
                     "content": f"Error: {text}" if result.is_error else text,
                 }
             )
+        elif block.type == "thinking" and message.role == "assistant":
+            thinking = getattr(block, "thinking", None)
+            if isinstance(thinking, str):  # to the template, which keeps or drops it
+                thoughts.append(thinking)
+        elif block.type == "redacted_thinking" and message.role == "assistant":
+            continue  # nothing readable in it
         elif block.type == "text":
             raise _missing_text(at)
         elif block.type in ("tool_use", "tool_result"):
@@ -245,6 +265,8 @@ def _turn(message: MessageParam, i: int, previous_calls: set[str]) -> list[dict[
             )
     if message.role == "assistant":
         entry: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+        if thoughts:
+            entry["reasoning_content"] = "\n".join(thoughts)
         return [{**entry, "tool_calls": calls}] if calls else [entry]
     return (
         [*results, {"role": "user", "content": "\n".join(texts)}]
@@ -266,6 +288,9 @@ def _append(messages: list[dict[str, Any]], entry: dict[str, Any]) -> None:
         messages.append(entry)
         return
     last["content"] = "\n\n".join(part for part in (last["content"], entry["content"]) if part)
+    if entry.get("reasoning_content"):
+        thoughts = (last.get("reasoning_content"), entry["reasoning_content"])
+        last["reasoning_content"] = "\n\n".join(part for part in thoughts if part)
     if entry.get("tool_calls"):
         last["tool_calls"] = entry["tool_calls"]
 
@@ -339,6 +364,11 @@ def to_chat_request(body: MessagesRequest | CountTokensRequest) -> ChatCompletio
             f"messages[{len(body.messages) - 1}].content",
         )
     chat: dict[str, Any] = {"model": body.model, "messages": messages, **_tool_fields(body)}
+    if body.thinking is not None:
+        enabled = body.thinking.type == "enabled"
+        if enabled and body.tool_choice is not None and body.tool_choice.type in ("any", "tool"):
+            raise _bad("Thinking may not be enabled when tool_choice forces tool use.", "thinking")
+        chat["chat_template_kwargs"] = {"enable_thinking": enabled}
     if isinstance(body, MessagesRequest):
         stop = body.stop_sequences or []
         if any(not s for s in stop):
@@ -395,6 +425,11 @@ def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def thinking_block(thinking: str) -> dict[str, Any]:
+    """A ``thinking`` content block (unsigned)."""
+    return {"type": "thinking", "thinking": thinking, "signature": ""}
+
+
 def message_reply(
     message_id: str,
     model: str,
@@ -402,13 +437,16 @@ def message_reply(
     finish: tuple[str | None, str | None],
     usage: dict[str, Any],
     mtplx: dict[str, Any],
+    thinking: str | None = None,
 ) -> dict[str, Any]:
-    """The whole ``message`` object. ``reply`` is (text, calls): a text block (unless it is
-    empty and there are calls), then a ``tool_use`` block per call; ``finish`` is
-    (finish_reason, stop_sequence)."""
+    """The whole ``message`` object. ``reply`` is (text, calls): a ``thinking`` block when
+    the model thought, a text block (unless it is empty and there are calls or thinking),
+    then a ``tool_use`` block per call; ``finish`` is (finish_reason, stop_sequence)."""
     text, calls = reply
     reason, sequence = finish
-    content = [{"type": "text", "text": text}] if text or not calls else []
+    content = [thinking_block(thinking)] if thinking else []
+    if text or not (calls or thinking):
+        content.append({"type": "text", "text": text})
     content += [tool_use_block(call) for call in calls]
     return {
         "id": message_id,

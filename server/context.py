@@ -13,6 +13,7 @@ from starlette.requests import Request
 from mtplx.scheduler import EngineLike, Scheduler, ShuttingDown
 from server.errors import APIError
 from server.metrics import ServerMetrics
+from server.reasoning import ReasoningParser, reasoning_parser
 from server.settings import ServerSettings
 
 __all__ = ["AppContext", "get_context"]
@@ -27,6 +28,7 @@ class AppContext:
     metrics: ServerMetrics
     blas_info: Callable[[], Any] | None = None
     started_at: float = field(default_factory=time.time)
+    _reasoning: tuple[Any, ReasoningParser | None] | None = field(default=None, repr=False)
 
     def engine(self) -> EngineLike:
         """The engine, or a 503 APIError while it loads (or after it failed to), or while the
@@ -45,6 +47,17 @@ class AppContext:
             headers = {"Retry-After": "5"} if state in ("created", "loading") else None
             raise APIError(503, message, code="model_not_ready", headers=headers)
         return self.scheduler.engine
+
+    def reasoning_parser(self) -> ReasoningParser | None:
+        """The served model's reasoning parser (``settings.reasoning_parser``), None when
+        replies are not split; worked out once per tokenizer."""
+        tokenizer = self.engine().tokenizer
+        if self._reasoning is None or self._reasoning[0] is not tokenizer:
+            self._reasoning = (
+                tokenizer,
+                reasoning_parser(tokenizer, self.settings.reasoning_parser),
+            )
+        return self._reasoning[1]
 
     def model_id(self) -> str:
         """The id clients use in ``model``."""

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from starlette.concurrency import run_in_threadpool
 
 from server.errors import APIError
+from server.reasoning import ReplyReasoning
 from server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "Prompt",
     "chat_prompt",
     "check_prompt_size",
+    "check_template_kwargs",
     "completion_prompts",
     "count_prompts",
     "in_tokenizer_thread",
@@ -44,11 +46,53 @@ _TOKENIZER_LOCK = threading.Lock()
 @dataclass(frozen=True)
 class Prompt:
     """One prompt as token ids, and its text (for ``echo``). ``starts_reply``: the output
-    begins a chat turn of its own (not a continuation of the prompt's text)."""
+    begins a chat turn of its own (not a continuation of the prompt's text).
+    ``reply_prefix``: the text in front of the reply inside its turn (the generation prompt
+    and a prefill), when asked for. ``reasoning``: how a reply's thinking is told from its
+    answer (None: all answer)."""
 
     token_ids: list[int]
     text: str
     starts_reply: bool = False
+    reply_prefix: str | None = None
+    reasoning: ReplyReasoning | None = None
+
+
+# apply_chat_template's own arguments (and what would swap the template itself): a
+# request's chat_template_kwargs cannot set them.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "add_generation_prompt",
+        "chat_template",
+        "continue_final_message",
+        "conversation",
+        "documents",
+        "max_length",
+        "messages",
+        "padding",
+        "return_assistant_tokens_mask",
+        "return_dict",
+        "return_tensors",
+        "tokenize",
+        "tokenizer_kwargs",
+        "tools",
+        "truncation",
+    }
+)
+
+
+def check_template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A request's ``chat_template_kwargs`` as the variables to pass the chat template
+    (``enable_thinking`` and the like); 400 for a key that is apply_chat_template's own."""
+    reserved = sorted(set(kwargs or {}) & RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise APIError(
+            400,
+            f"chat_template_kwargs cannot set {reserved[0]!r}: it is the server's to set",
+            param=f"chat_template_kwargs.{reserved[0]}",
+            code="invalid_value",
+        )
+    return dict(kwargs or {})
 
 
 def count_prompts(prompt: str | list[Any]) -> int:
@@ -70,11 +114,12 @@ def _too_long(param: str, size: str, context_length: int) -> APIError:
 
 
 def _content_chars(message: ChatMessage) -> int:
+    thinking = len(message.reasoning_content or "")
     if message.content is None:
-        return 0
+        return thinking
     if isinstance(message.content, str):
-        return len(message.content)
-    return sum(len(part.text or "") for part in message.content)
+        return thinking + len(message.content)
+    return thinking + sum(len(part.text or "") for part in message.content)
 
 
 def check_prompt_size(
@@ -158,6 +203,9 @@ def chat_prompt(
     continue_final: bool = False,
     conversation: list[dict[str, Any]] | None = None,
     tools: list[dict[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    *,
+    reply_prefix: bool = False,
 ) -> Prompt:
     """Token ids of the conversation under the model's chat template (generation prompt
     appended). ``developer`` is sent to the template as ``system``.
@@ -166,28 +214,58 @@ def chat_prompt(
     reply continues that text, so it follows the generation prompt as plain tokens instead of
     being rendered as a finished turn. ``conversation``: the messages already rendered as
     template dicts (tool calling does that); ``tools``: tool definitions for a template that
-    renders them itself."""
+    renders them itself; ``template_kwargs``: more variables for the template
+    (``enable_thinking``, checked by ``check_template_kwargs``); ``reply_prefix``: also
+    work out ``Prompt.reply_prefix`` (the conversation is rendered once more without the
+    generation prompt, which is then what the text with it adds)."""
     if continue_final and len(messages) > 1 and messages[-1].role == "assistant":
         # A rendered conversation ends with the prefill's entry (rendering only ever
         # inserts in front, the generic tools' system prompt).
         head_conversation = conversation[:-1] if conversation is not None else None
-        head = chat_prompt(tokenizer, messages[:-1], False, head_conversation, tools)
+        head = chat_prompt(
+            tokenizer,
+            messages[:-1],
+            False,
+            head_conversation,
+            tools,
+            template_kwargs,
+            reply_prefix=reply_prefix,
+        )
         prefill = message_text(messages[-1], len(messages) - 1)
         ids = tokenizer.encode(prefill, add_special_tokens=False) if prefill else []
-        return Prompt(head.token_ids + [int(t) for t in ids], "", starts_reply=not ids)
+        prefix = head.reply_prefix + prefill if head.reply_prefix is not None else None
+        return Prompt(
+            head.token_ids + [int(t) for t in ids], "", starts_reply=not ids, reply_prefix=prefix
+        )
     if conversation is None:
         conversation = [
             {"role": "system" if m.role == "developer" else m.role, "content": message_text(m, i)}
             for i, m in enumerate(messages)
         ]
-    extra = {"tools": tools} if tools else {}
+    extra = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     try:
         ids = tokenizer.apply_chat_template(
             conversation, add_generation_prompt=True, tokenize=True, **extra
         )
+        prefix = _generation_prompt(tokenizer, conversation, extra) if reply_prefix else None
     except (ValueError, TypeError, KeyError) as exc:  # no template, or one rejecting the roles
         raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
-    return Prompt(_as_token_ids(tokenizer, ids), "", starts_reply=True)
+    return Prompt(_as_token_ids(tokenizer, ids), "", starts_reply=True, reply_prefix=prefix)
+
+
+def _generation_prompt(
+    tokenizer: Any, conversation: list[dict[str, Any]], extra: Mapping[str, Any]
+) -> str:
+    """The text the template's generation prompt adds to the conversation (all of the
+    text, if the template renders the conversation differently with it)."""
+    texts = [
+        tokenizer.apply_chat_template(
+            conversation, add_generation_prompt=generation, tokenize=False, **extra
+        )
+        for generation in (False, True)
+    ]
+    without, with_prompt = (t if isinstance(t, str) else "" for t in texts)
+    return with_prompt[len(without) :] if with_prompt.startswith(without) else with_prompt
 
 
 def completion_prompts(tokenizer: Any, prompt: str | list[Any]) -> list[Prompt]:

@@ -7,9 +7,15 @@ Function tools map onto chat's: ``tools`` items ``{"type": "function", "name", "
 "parameters", "strict"}`` become chat functions, ``tool_choice`` passes through (a named
 function as chat's ``{"type": "function", "function": {"name"}}``), input ``function_call``
 items become an assistant message's ``tool_calls`` and ``function_call_output`` items ``tool``
-messages. Built-in tools (web search, file search, ...) are a 400.
+messages. Built-in tools (web search, file search, ...) are a 400. ``reasoning`` input items
+(a reasoning model's earlier thinking, sent back) are dropped, as the chat templates of
+thinking models drop earlier thinking.
 
 Nothing is stored: ``store`` is accepted and ignored, ``previous_response_id`` is a 400.
+
+``reasoning``: ``effort`` ``none`` or ``minimal`` turns a reasoning model's thinking off
+(the chat template's ``enable_thinking: false``); other efforts leave it as the template
+has it (on, for a thinking model); no summaries are written (``summary`` is accepted).
 """
 
 from __future__ import annotations
@@ -84,6 +90,15 @@ class FunctionCallOutputItem(_Strict):
     status: _ItemStatus | None = None
 
 
+class ReasoningOptions(_Strict):
+    """``reasoning``: the effort (``none`` / ``minimal``: no thinking) and summaries (none
+    are written)."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 class ResponsesRequest(BaseModel):
     """POST /v1/responses."""
 
@@ -114,10 +129,10 @@ class ResponsesRequest(BaseModel):
     prompt_cache_key: str | None = None  # accepted: prefix caching is automatic
     service_tier: str | None = None  # accepted and ignored
     mtplx: MtplxOptions | None = None
+    reasoning: ReasoningOptions | None = None
     # Defined by OpenAI, not implemented here: a 400 naming the field.
     previous_response_id: Any = None
     conversation: Any = None
-    reasoning: Any = None
     background: Any = None
     prompt: Any = None
     top_logprobs: Any = None
@@ -127,7 +142,6 @@ _UNSUPPORTED = {
     "previous_response_id": "this server is stateless and keeps no responses; send the whole "
     "conversation in 'input'",
     "conversation": "this server is stateless and keeps no conversations",
-    "reasoning": "reasoning options are not supported",
     "prompt": "stored prompts are not supported",
     "top_logprobs": "logprobs are not supported on this API",
 }
@@ -217,10 +231,12 @@ def _input_messages(items: list[InputItem]) -> list[dict[str, Any]]:
             messages.append({"role": "tool", "tool_call_id": output.call_id, "content": text})
         elif item.type in (None, "message"):
             messages.append(_message(item, i))
+        elif item.type == "reasoning":
+            continue  # earlier thinking: thinking models' templates drop it too
         else:
             raise _bad(
                 f"input[{i}]: items of type {item.type!r} are not supported (only messages, "
-                "function_call and function_call_output)",
+                "function_call, function_call_output and reasoning)",
                 f"input[{i}].type",
                 "unsupported_parameter",
             )
@@ -285,6 +301,7 @@ def to_chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate(
         {
             "model": body.model,
+            "reasoning_effort": body.reasoning.effort if body.reasoning is not None else None,
             "messages": messages,
             "max_tokens": body.max_output_tokens,
             "temperature": body.temperature,

@@ -1,6 +1,7 @@
 """What the Responses API sends back: the ``response`` object at each stage (echoing the
 request's settings) and the typed stream events, each with ``sequence_number``; for replies
-with and without function calls."""
+with and without function calls, with and without thinking (a ``reasoning`` item first,
+its text as ``reasoning_text`` content)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from mtplx.request import FinishEvent, TokenEvent
 from server.errors import APIError
+from server.reasoning import ReplyReasoning, SplitReply
 from server.responses_api import ResponsesRequest
 from server.streaming import SSE, data_event
 from server.tool_stream import HeldText
@@ -20,14 +22,14 @@ __all__ = ["ResponseBuilder", "ResponsesEvents"]
 Calls = list[dict[str, Any]]
 
 
-def _usage(usage: dict[str, Any]) -> dict[str, Any]:
+def _usage(usage: dict[str, Any], reasoning_tokens: int = 0) -> dict[str, Any]:
     return {
         "input_tokens": usage["prompt_tokens"],
         "input_tokens_details": {
             "cached_tokens": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
         },
         "output_tokens": usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage["total_tokens"],
     }
 
@@ -44,6 +46,7 @@ class ResponseBuilder:
     def __init__(self, body: ResponsesRequest, model: str) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"
         self.item_id = f"msg_{uuid.uuid4().hex}"
+        self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
         self.body = body
         self.model = model
@@ -58,6 +61,22 @@ class ResponseBuilder:
             "role": "assistant",
             "content": content,
         }
+
+    def reasoning_item(self, text: str | None, status: str) -> dict[str, Any]:
+        """The ``reasoning`` item; ``text`` None: no content part yet."""
+        content = [] if text is None else [self.reasoning_part(text)]
+        return {
+            "id": self.reasoning_id,
+            "type": "reasoning",
+            "summary": [],
+            "content": content,
+            "status": status,
+        }
+
+    @staticmethod
+    def reasoning_part(text: str) -> dict[str, Any]:
+        """A ``reasoning_text`` content part."""
+        return {"type": "reasoning_text", "text": text}
 
     @staticmethod
     def part(text: str) -> dict[str, Any]:
@@ -79,10 +98,20 @@ class ResponseBuilder:
             "arguments": call["function"]["arguments"] if status == "completed" else "",
         }
 
-    def output(self, text: str, calls: Calls, status: str) -> list[dict[str, Any]]:
-        """The output items: the message (unless it is empty and there are calls), then a
-        ``function_call`` item per call."""
-        items = [self.item(text, status)] if text or not calls else []
+    def output(
+        self, text: str, calls: Calls, status: str, reasoning: SplitReply | None = None
+    ) -> list[dict[str, Any]]:
+        """The output items: the reasoning when the model thought ("completed" once its
+        thinking ended, else the reply's status), the message (unless it is empty and there
+        are calls or reasoning), then a ``function_call`` item per call."""
+        thought = reasoning.reasoning if reasoning is not None else None
+        items = []
+        if thought:
+            assert reasoning is not None
+            done = "completed" if reasoning.closed else status
+            items.append(self.reasoning_item(thought, done))
+        if text or not (calls or thought):
+            items.append(self.item(text, status))
         return items + [self.call_item(call) for call in calls]
 
     def response(
@@ -92,6 +121,7 @@ class ResponseBuilder:
         usage: dict[str, Any] | None = None,
         mtplx: dict[str, Any] | None = None,
         error: dict[str, str] | None = None,
+        reasoning_tokens: int = 0,
     ) -> dict[str, Any]:
         """The whole object; ``incomplete_details`` when status is "incomplete"."""
         body = self.body
@@ -113,7 +143,10 @@ class ResponseBuilder:
                 True if body.parallel_tool_calls is None else body.parallel_tool_calls
             ),
             "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {
+                "effort": body.reasoning.effort if body.reasoning else None,
+                "summary": None,  # no summaries are written
+            },
             "store": False,  # nothing is kept, whatever the request asked
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": {"type": "text"}},
@@ -121,7 +154,7 @@ class ResponseBuilder:
             "tools": body.tools or [],
             "top_p": 1.0 if body.top_p is None else body.top_p,
             "truncation": "disabled",
-            "usage": None if usage is None else _usage(usage),
+            "usage": None if usage is None else _usage(usage, reasoning_tokens),
             "user": body.user,
             "metadata": body.metadata or {},
         }
@@ -137,12 +170,15 @@ class ResponseBuilder:
         finish_reason: str | None,
         usage: dict[str, Any],
         mtplx: dict[str, Any],
+        reasoning: SplitReply | None = None,
     ) -> dict[str, Any]:
-        """The finished response from ``reply`` (text, calls): "incomplete" when
-        max_output_tokens cut it."""
+        """The finished response from ``reply`` (text, calls) and its ``reasoning``:
+        "incomplete" when max_output_tokens cut it."""
         text, calls = reply
         status = reply_status(finish_reason, calls)
-        return self.response(status, self.output(text, calls, status), usage, mtplx)
+        output = self.output(text, calls, status, reasoning)
+        thinking = reasoning.reasoning_pieces if reasoning is not None else 0
+        return self.response(status, output, usage, mtplx, reasoning_tokens=thinking)
 
 
 class ResponsesEvents:
@@ -159,15 +195,31 @@ class ResponsesEvents:
     Without tools the message item opens at once. With tools (``plan``) text is held back
     while it may be a call (``HeldText``): the message item opens with the first text that
     goes out, or at the end when the reply calls nothing, so a reply that only calls
-    functions has no message item, as in the whole response."""
+    functions has no message item, as in the whole response.
 
-    def __init__(self, builder: ResponseBuilder, plan: ToolPlan | None = None) -> None:
+    A reasoning model's reply (``reasoning``) first has a ``reasoning`` item while it
+    thinks (``response.output_item.added``, ``response.content_part.added``, one
+    ``response.reasoning_text.delta`` per piece, ``response.reasoning_text.done``,
+    ``response.content_part.done``, ``response.output_item.done``); the message item then
+    opens with the first text of the answer."""
+
+    def __init__(
+        self,
+        builder: ResponseBuilder,
+        plan: ToolPlan | None = None,
+        reasoning: ReplyReasoning | None = None,
+    ) -> None:
         self.builder = builder
         self.plan = plan
         self.held = HeldText() if plan is not None else None
+        self.splitter = reasoning.splitter() if reasoning is not None else None
         self.sequence = 0
         self.text = ""
         self.message_open = False
+        self.message_index = 0
+        self.thought = ""
+        self.reasoning_open = False
+        self.reasoning_index = 0
         self.items = 0  # output items added so far
         self.output: list[dict[str, Any]] = []
         self.status = "completed"
@@ -178,18 +230,77 @@ class ResponsesEvents:
         return event
 
     def _at(self) -> dict[str, Any]:
-        return {"item_id": self.builder.item_id, "output_index": 0, "content_index": 0}
+        index = self.message_index
+        return {"item_id": self.builder.item_id, "output_index": index, "content_index": 0}
 
     def _open_message(self) -> list[SSE]:
         self.message_open = True
+        self.message_index = self.items
         self.items += 1
         b = self.builder
+        item = b.item(None, "in_progress")
         return [
-            self._event(
-                "response.output_item.added", output_index=0, item=b.item(None, "in_progress")
-            ),
+            self._event("response.output_item.added", output_index=self.message_index, item=item),
             self._event("response.content_part.added", **self._at(), part=b.part("")),
         ]
+
+    def _reasoning_at(self) -> dict[str, Any]:
+        index = self.reasoning_index
+        return {"item_id": self.builder.reasoning_id, "output_index": index, "content_index": 0}
+
+    def _reasoning(self, text: str) -> list[SSE]:
+        """A reasoning delta, opening the reasoning item first if it is not open."""
+        if not text:
+            return []
+        b = self.builder
+        events = []
+        if not self.reasoning_open:
+            self.reasoning_open = True
+            self.reasoning_index = self.items
+            self.items += 1
+            item = b.reasoning_item(None, "in_progress")
+            events += [
+                self._event(
+                    "response.output_item.added", output_index=self.reasoning_index, item=item
+                ),
+                self._event(
+                    "response.content_part.added",
+                    **self._reasoning_at(),
+                    part=b.reasoning_part(""),
+                ),
+            ]
+        self.thought += text
+        delta = self._event("response.reasoning_text.delta", **self._reasoning_at(), delta=text)
+        return [*events, delta]
+
+    def _close_reasoning(self) -> list[SSE]:
+        if not self.reasoning_open:
+            return []
+        self.reasoning_open = False
+        b = self.builder
+        assert self.splitter is not None
+        status = "completed" if self.splitter.closed else self.status
+        item = b.reasoning_item(self.thought, status)
+        self.output.append(item)
+        at = self._reasoning_at()
+        return [
+            self._event("response.reasoning_text.done", **at, text=self.thought),
+            self._event("response.content_part.done", **at, part=b.reasoning_part(self.thought)),
+            self._event("response.output_item.done", output_index=self.reasoning_index, item=item),
+        ]
+
+    def _split(self, text: str, final: bool = False) -> tuple[list[SSE], str]:
+        """The reasoning events of a piece, and its answer text."""
+        if self.splitter is None:
+            return [], text
+        reasoning, content = self.splitter.add(text) if text or not final else ("", "")
+        if final:
+            more_reasoning, more_content = self.splitter.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        events = self._reasoning(reasoning)
+        if content or final:
+            events += self._close_reasoning()
+        return events, content
 
     def opening(self, index: int) -> list[SSE]:
         b = self.builder
@@ -197,7 +308,8 @@ class ResponsesEvents:
             self._event("response.created", response=b.response("in_progress", [])),
             self._event("response.in_progress", response=b.response("in_progress", [])),
         ]
-        return events + (self._open_message() if self.plan is None else [])
+        opens = self.plan is None and self.splitter is None
+        return events + (self._open_message() if opens else [])
 
     def _delta(self, text: str) -> list[SSE]:
         """A text delta, opening the message item first if it is not open."""
@@ -209,7 +321,8 @@ class ResponsesEvents:
         return [*events, delta]
 
     def token(self, index: int, event: TokenEvent) -> list[SSE]:
-        return self._delta(event.text if self.held is None else self.held.add(event.text))
+        events, text = self._split(event.text)
+        return events + self._delta(text if self.held is None else self.held.add(text))
 
     def _close_message(self) -> list[SSE]:
         b = self.builder
@@ -218,7 +331,7 @@ class ResponsesEvents:
         return [
             self._event("response.output_text.done", **self._at(), text=self.text, logprobs=[]),
             self._event("response.content_part.done", **self._at(), part=b.part(self.text)),
-            self._event("response.output_item.done", output_index=0, item=item),
+            self._event("response.output_item.done", output_index=self.message_index, item=item),
         ]
 
     def _call(self, call: dict[str, Any]) -> list[SSE]:
@@ -242,15 +355,17 @@ class ResponsesEvents:
         ]
 
     def finish(self, index: int, event: FinishEvent) -> list[SSE]:
+        self.status = reply_status(event.finish_reason, [])  # the reasoning item's status
+        events, text = self._split(event.text, final=True)
         if self.held is None or self.plan is None:
-            rest, calls = event.text, []
+            rest, calls = text, []
         else:
-            self.held.add(event.text)
+            self.held.add(text)
             rest, calls = self.held.settle(self.plan)
         self.status = reply_status(event.finish_reason, calls)
-        events = self._delta(rest)
-        if not calls and not self.message_open:  # a reply without calls has its message
-            events += self._open_message()
+        events += self._delta(rest)
+        if not calls and not self.message_open and not self.thought:
+            events += self._open_message()  # a reply without calls has its message
         if self.message_open:
             events += self._close_message()
         for call in calls:
@@ -258,7 +373,10 @@ class ResponsesEvents:
         return events
 
     def closing(self, usage: dict[str, Any], mtplx: dict[str, Any]) -> list[SSE]:
-        final = self.builder.response(self.status, self.output, usage, mtplx)
+        thinking = self.splitter.reasoning_pieces if self.splitter is not None else 0
+        final = self.builder.response(
+            self.status, self.output, usage, mtplx, reasoning_tokens=thinking
+        )
         kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
         return [self._event(kind, response=final)]
 

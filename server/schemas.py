@@ -124,14 +124,17 @@ class NamedToolChoice(_Strict):
 
 class ChatMessage(_Strict):
     """A system / developer / user / assistant / tool message. An assistant message may
-    carry ``tool_calls`` (content then may be null); a tool message answers one by
-    ``tool_call_id``."""
+    carry ``tool_calls`` (content then may be null) and ``reasoning_content``; a tool
+    message answers one by ``tool_call_id``."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # An assistant message's thinking, as a reasoning model's reply carried it: passed to
+    # the chat template, which keeps or drops it (Qwen3's keeps it within a tool loop).
+    reasoning_content: str | None = None
 
 
 class _SamplingFields(_Strict):
@@ -169,13 +172,17 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: Any = None  # checked by server.structured
+    # vLLM's extension: more variables for the chat template (``enable_thinking``).
+    chat_template_kwargs: dict[str, Any] | None = None
+    # none / minimal: a reasoning model does not think (``enable_thinking: false``); the
+    # other efforts leave the chat template's default.
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # Defined by OpenAI, not implemented here: rejected with a 400 naming the field.
     functions: Any = None
     function_call: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
-    reasoning_effort: Any = None
     web_search_options: Any = None
 
 
@@ -198,7 +205,6 @@ _UNSUPPORTED = {
     "audio": "audio output is not supported",
     "modalities": "only text output is supported",
     "prediction": "predicted outputs are not supported",
-    "reasoning_effort": "reasoning_effort is not supported",
     "web_search_options": "web search is not supported",
     "suffix": "suffix (insertion) is not supported",
 }

@@ -80,6 +80,11 @@ class ServerSettings(BaseSettings):
     )
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="larger bodies: 413")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    reasoning_parser: Literal["auto", "none", "qwen3", "deepseek_r1"] = Field(
+        "auto",
+        description="how a reply's <think>...</think> is told from its answer (auto: from "
+        "the chat template; none: left in the text); see docs/reasoning.md",
+    )
 
     @field_validator("api_key")
     @classmethod

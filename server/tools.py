@@ -242,6 +242,8 @@ def render_conversation(
         role = "system" if message.role == "developer" else message.role
         text = message_text(message, index)
         entry: dict[str, Any] = {"role": role, "content": text}
+        if message.reasoning_content is not None:
+            entry["reasoning_content"] = message.reasoning_content
         if message.tool_calls:
             for call in message.tool_calls:
                 names[call.id] = call.function.name

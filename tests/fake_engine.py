@@ -8,7 +8,8 @@ pseudo-random word sequence seeded by (prompt, seed): the same request always yi
 tokens, and two different prompts yield different ones, so mixed streams are detectable.
 
 Prompt markers steer it: ``[[fail]]`` raises after two tokens, ``[[eos]]`` ends with the
-end-of-sequence token after five.
+end-of-sequence token after five. ``ScriptedEngine`` answers a fixed text instead, with a
+reasoning model's chat template (``ThinkingTokenizer``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from mtplx.grammar import check_grammar
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
+from tests.fixtures.tokenizer import thinking_chat_template
 
 EOS_ID = 256
 VOCAB_SIZE = 257
@@ -282,3 +284,51 @@ class FakeEngine:
         tokens, _ = self.plan(request)
         # The token events' text plus the finish event's tail (U+FFFD for a cut character).
         return bytes(tokens).decode("utf-8", errors="replace")
+
+
+class ThinkingTokenizer(FakeTokenizer):
+    """The fake byte tokenizer with a Qwen3-style thinking template (tools rendered the
+    Hermes way): records the template variables of every render."""
+
+    def __init__(self, opens: bool = False) -> None:
+        self.opens = opens
+        self.always = False  # a template that thinks whatever enable_thinking says
+        self.chat_template = thinking_chat_template(opens) + "{# tools <tool_call> #}"
+        self.renders: list[dict[str, Any]] = []
+        self.conversations: list[list[dict[str, Any]]] = []
+
+    def apply_chat_template(
+        self,
+        messages: Any,
+        add_generation_prompt: bool = True,
+        tokenize: bool = True,
+        **kwargs: Any,
+    ) -> list[int] | str:
+        self.renders.append(kwargs)
+        self.conversations.append(list(messages))
+        text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
+        if add_generation_prompt:
+            text += "<|assistant|>"
+            if self.always:
+                text += "<think>\n"
+            elif kwargs.get("enable_thinking") is False:
+                text += "<think>\n\n</think>\n\n"
+            elif self.opens:
+                text += "<think>\n"
+        return self.encode(text) if tokenize else text
+
+
+class ScriptedEngine(FakeEngine):
+    """The fake engine answering ``script`` (its UTF-8 bytes, one token each, cut at
+    max_tokens) whatever the prompt."""
+
+    def __init__(self, script: str, opens: bool = False, **options: Any) -> None:
+        super().__init__(**options)
+        self.script = script
+        self.tokenizer = ThinkingTokenizer(opens)
+
+    def plan_with_stop(self, request: GenerationRequest) -> tuple[list[int], str, str | None]:
+        tokens = list(self.script.encode("utf-8"))
+        if len(tokens) > request.max_tokens:
+            return tokens[: request.max_tokens], "length", None
+        return tokens, "stop", None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -14,6 +16,7 @@ from starlette.requests import Request
 from mtplx.request import GenerationStats
 from mtplx.scheduler import SchedulerError, Ticket
 from server.context import AppContext
+from server.errors import APIError
 from server.generation import (
     ChoiceResult,
     ClientDisconnected,
@@ -25,7 +28,13 @@ from server.generation import (
     usage,
 )
 from server.params import aliases_for, build_requests, check_common
-from server.prompts import Prompt, chat_prompt, check_prompt_size, in_tokenizer_thread
+from server.prompts import (
+    Prompt,
+    chat_prompt,
+    check_prompt_size,
+    check_template_kwargs,
+    in_tokenizer_thread,
+)
 from server.request_log import endpoint_label
 from server.schemas import ChatCompletionRequest
 from server.streaming import (
@@ -46,17 +55,47 @@ async def chat_prompt_for(
     ctx: AppContext, body: ChatCompletionRequest, *, continue_final: bool = False
 ) -> tuple[Prompt, ToolPlan | None]:
     """The prompt of a chat request and how it uses tools: the checks that need no
-    tokenizer, the tool plan, the conversation rendered for the chat template (tools in it),
-    tokenized off the event loop. count_tokens stops here; generation goes on in
-    ``start_chat``."""
+    tokenizer, the tool plan, the conversation rendered for the chat template (tools in it,
+    ``chat_template_kwargs`` passed), tokenized off the event loop, and how the reply's
+    thinking is told from its answer (``Prompt.reasoning``). count_tokens stops here;
+    generation goes on in ``start_chat``.
+
+    ``reasoning_effort`` none / minimal is ``enable_thinking: false`` (unless
+    ``chat_template_kwargs`` says otherwise). A constrained reply (a grammar:
+    ``response_format``, a required tool call) is all answer: the template is asked not to
+    think (``enable_thinking: false``), a thinking block the prompt still opens is closed
+    in the prompt, and the reply is not split."""
     engine = ctx.engine()
     check_common(body, ctx.settings, ctx.model_names())
     check_prompt_size(body, engine.context_length)
     plan = plan_tools(body, engine.tokenizer)
+    kwargs = check_template_kwargs(body.chat_template_kwargs)
+    if body.reasoning_effort in ("none", "minimal"):  # chat_template_kwargs win
+        kwargs.setdefault("enable_thinking", False)
+    parser = ctx.reasoning_parser()
+    constrained = parser is not None and reply_grammar(body, plan) is not None
+    if constrained:
+        if kwargs.get("enable_thinking") is True:
+            raise APIError(
+                400,
+                "a constrained reply (response_format, a required tool call) cannot think: "
+                "send enable_thinking false or no constraint",
+                param="chat_template_kwargs.enable_thinking",
+                code="invalid_value",
+            )
+        kwargs["enable_thinking"] = False
     conversation, tools = render_conversation(body.messages, plan, call_style(engine.tokenizer))
+    render = functools.partial(chat_prompt, reply_prefix=parser is not None)
     prompt = await in_tokenizer_thread(
-        chat_prompt, engine.tokenizer, body.messages, continue_final, conversation, tools
+        render, engine.tokenizer, body.messages, continue_final, conversation, tools, kwargs
     )
+    if parser is not None:
+        reply = parser.reply(prompt.reply_prefix or "")
+        if not constrained:
+            prompt = dataclasses.replace(prompt, reasoning=reply)
+        elif reply.opened:  # a template that always thinks: the prompt closes it
+            ids = prompt.token_ids + list(parser.close_ids)
+            prompt = dataclasses.replace(prompt, token_ids=ids)
     return prompt, plan
 
 

@@ -45,8 +45,12 @@ async def messages(request: Request) -> Response:
     ) -> dict[str, Any]:
         result = results[0]
         finish = (result.finish_reason, result.stop_sequence)
-        reply = split_reply(result.text, plan)
-        return message_reply(message_id, model, reply, finish, usage, mtplx)
+        text, thinking = result.text, None
+        if prompt.reasoning is not None:  # the thinking apart; tool calls are in the answer
+            split = prompt.reasoning.split([result.text])
+            thinking, text = split.reasoning, split.content
+        reply = split_reply(text, plan)
+        return message_reply(message_id, model, reply, finish, usage, mtplx, thinking)
 
     return await respond(
         request,
@@ -56,7 +60,7 @@ async def messages(request: Request) -> Response:
         prompt_tokens=input_tokens,
         stream=body.stream,
         build_reply=build_reply,
-        events=AnthropicEvents(message_id, model, input_tokens, plan),
+        events=AnthropicEvents(message_id, model, input_tokens, plan, prompt.reasoning),
     )
 
 

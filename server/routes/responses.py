@@ -38,7 +38,12 @@ async def responses(request: Request) -> Response:
         results: list[ChoiceResult], usage: dict[str, Any], mtplx: dict[str, Any]
     ) -> dict[str, Any]:
         result = results[0]
-        return builder.final(split_reply(result.text, plan), result.finish_reason, usage, mtplx)
+        text, split = result.text, None
+        if prompt.reasoning is not None:  # the thinking apart; calls are in the answer
+            split = prompt.reasoning.split_tokens([t.text for t in result.tokens], result.text)
+            text = split.content
+        reply = split_reply(text, plan)
+        return builder.final(reply, result.finish_reason, usage, mtplx, split)
 
     return await respond(
         request,
@@ -48,5 +53,5 @@ async def responses(request: Request) -> Response:
         prompt_tokens=len(prompt.token_ids),
         stream=body.stream,
         build_reply=build_reply,
-        events=ResponsesEvents(builder, plan),
+        events=ResponsesEvents(builder, plan, prompt.reasoning),
     )

@@ -14,7 +14,12 @@ from starlette.requests import Request
 from server.body import parse_json_body
 from server.context import get_context
 from server.errors import APIError
-from server.prompts import CHARS_PER_TOKEN_BOUND, chat_prompt, in_tokenizer_thread
+from server.prompts import (
+    CHARS_PER_TOKEN_BOUND,
+    chat_prompt,
+    check_template_kwargs,
+    in_tokenizer_thread,
+)
 from server.schemas import ChatMessage, TokenId
 
 router = APIRouter()
@@ -32,6 +37,7 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # with messages, as chat sends them
     return_token_strs: bool = False
 
     @model_validator(mode="after")
@@ -81,7 +87,10 @@ async def tokenize(request: Request) -> dict[str, Any]:
         chars = sum(len(str(m.content or "")) for m in body.messages)
         if chars > max_chars:
             raise APIError(400, "the messages are too long to tokenize", param="messages")
-        prompt = await in_tokenizer_thread(chat_prompt, tokenizer, body.messages)
+        kwargs = check_template_kwargs(body.chat_template_kwargs)
+        prompt = await in_tokenizer_thread(
+            chat_prompt, tokenizer, body.messages, False, None, None, kwargs
+        )
         tokens = prompt.token_ids
     else:
         text = body.prompt if body.prompt is not None else body.content

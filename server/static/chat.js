@@ -215,6 +215,13 @@ async function send(text) {
   setBusy(true);
   const timing = { start: performance.now(), first: null, end: null };
   let reply = "";
+  let thought = "";
+  const thinking = document.createElement("details");
+  thinking.className = "thinking";
+  thinking.open = true;
+  const thinkingText = document.createElement("div");
+  thinking.append(Object.assign(document.createElement("summary"), { textContent: "Thinking" }));
+  thinking.append(thinkingText);
   let usage = null;
   let mtplx = null;
   let note = "";
@@ -241,9 +248,17 @@ async function send(text) {
       if (data === "[DONE]") break;
       const chunk = JSON.parse(data);
       if (chunk.error) throw new Error(chunk.error.message);
+      const reasoning = chunk.choices?.[0]?.delta?.reasoning_content;
+      if (reasoning) {
+        timing.first ??= performance.now();
+        if (!thought) body.before(thinking);
+        thought += reasoning;
+        thinkingText.textContent = thought;
+      }
       const delta = chunk.choices?.[0]?.delta?.content;
       if (delta) {
         timing.first ??= performance.now();
+        if (thought && !reply) thinking.open = false; // the answer begins: fold the thinking
         reply += delta;
         if (!pending) {
           pending = true;

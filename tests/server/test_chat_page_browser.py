@@ -22,7 +22,7 @@ import uvicorn
 from mtplx.scheduler import Scheduler
 from server.app import create_app
 from server.settings import ServerSettings
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine, ScriptedEngine
 from tests.server.live import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -48,8 +48,13 @@ from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 class Served:
     """The app on the fake engine, served by uvicorn in a thread."""
 
-    def __init__(self, api_key: str | None = None, loaded: threading.Event | None = None) -> None:
-        self.engine = FakeEngine(token_delay=0.03)
+    def __init__(
+        self,
+        api_key: str | None = None,
+        loaded: threading.Event | None = None,
+        engine: FakeEngine | None = None,
+    ) -> None:
+        self.engine = engine if engine is not None else FakeEngine(token_delay=0.03)
         engine: Any = self.engine
         if loaded is not None:  # the model "loads" until the event is set
 
@@ -167,6 +172,27 @@ def test_streamed_reply_with_figures_and_settings(browser):
         wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant .stats")) == 2)
         prompt = served.engine.tokenizer.decode(served.engine.requests[-1].prompt_ids)
         assert "Hello there" in prompt and "And then?" in prompt and body in prompt
+        assert page_errors(browser) == []
+
+
+def test_a_reasoning_models_thinking_shows_folded_above_the_answer(browser):
+    script = "<think>\nTwo and two make four.\n</think>\n\nIt is **4**."
+    with Served(engine=ScriptedEngine(script, token_delay=0.01)) as served:
+        browser.get(served.url)
+        wait(browser, lambda d: d.find_element(By.ID, "send").is_enabled())
+        ask(browser, "What is 2+2?")
+        wait(browser, lambda d: last_reply(d).find_elements(By.CLASS_NAME, "stats"))
+        thinking = last_reply(browser).find_element(By.CSS_SELECTOR, "details.thinking")
+        assert thinking.get_attribute("open") is None  # folded once the answer began
+        thinking.find_element(By.TAG_NAME, "summary").click()
+        assert thinking.text.endswith("Two and two make four.")
+        body = last_reply(browser).find_element(By.CLASS_NAME, "body")
+        assert body.text == "It is 4." and body.find_element(By.TAG_NAME, "strong").text == "4"
+        # The next turn's history carries the answer, not the thinking.
+        ask(browser, "And 3+3?")
+        wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant .stats")) == 2)
+        prompt = served.engine.tokenizer.decode(served.engine.requests[-1].prompt_ids)
+        assert "It is **4**." in prompt and "Two and two" not in prompt
         assert page_errors(browser) == []
 
 

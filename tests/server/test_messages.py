@@ -227,7 +227,7 @@ CASES = {
         "'g'",
     ),
     "thinking": (
-        body(thinking={"type": "enabled", "budget_tokens": 1024}),
+        body(thinking={"type": "sometimes", "budget_tokens": 1024}),
         400,
         INVALID,
         "thinking",
