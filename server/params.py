@@ -217,6 +217,7 @@ def build_requests(
                         grammar=grammar,
                         starts_reply=prompt.starts_reply,
                         prompt_logprobs=scored,
+                        close_within_budget=options.close_within_max_tokens if options else True,
                     )
                 )
             except ValueError as exc:

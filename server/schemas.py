@@ -49,6 +49,8 @@ class MtplxOptions(_Strict):
     depth: int | None = Field(None, ge=0, le=MAX_DEPTH)
     regex: str | None = None  # constrain the output to this regex (llguidance syntax)
     grammar: str | None = None  # ... or to this Lark grammar
+    # Constrained text completes within max_tokens (the budget rule); false: it may be cut.
+    close_within_max_tokens: bool = True
 
 
 class StreamOptions(_Strict):

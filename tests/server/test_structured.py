@@ -365,3 +365,17 @@ async def test_strict_json_schema_output_has_only_the_declared_keys(client: Any)
     assert finished
     for choice in finished:
         assert set(json.loads(choice["message"]["content"])) <= {"a", "b"}
+
+
+async def test_json_closes_within_max_tokens_unless_the_request_turns_it_off(client: Any) -> None:
+    """A small budget: every reply is a complete object (the budget rule closes it); with
+    the rule off, the same sampling is cut mid-object."""
+    body = chat(response_format={"type": "json_object"}, temperature=1.0, seed=11, n=6)
+    r = await client.post(CHAT, json={**body, "max_tokens": 14})
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        assert isinstance(json.loads(choice["message"]["content"]), dict), choice
+    off = {**body, "max_tokens": 14, "mtplx": {"close_within_max_tokens": False}}
+    r = await client.post(CHAT, json=off)
+    assert r.status_code == 200, r.text
+    assert any(c["finish_reason"] == "length" for c in r.json()["choices"])
