@@ -15,6 +15,8 @@ sequence: plain constrained decoding would sample a stop token with probability 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -24,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from mtplx import grammar_budget
+from mtplx import grammar_budget, grammar_check
 from mtplx.errors import InvalidParameter
 from mtplx.grammar_budget import ClosingIndex, closing_text, closing_tokens
 
@@ -50,6 +52,10 @@ MAX_GRAMMAR_CHARS = 262_144
 # (address space only: untouched pages are never committed).
 _GRAMMAR_STACK_BYTES = 1 << 30
 _MAX_MESSAGE_CHARS = 400
+# Grammars longer than this are checked in a process of their own, killed past
+# GRAMMAR_CHECK_SECONDS: some compile in time that grows as a power of their size.
+ISOLATE_ABOVE_CHARS = 2_048
+GRAMMAR_CHECK_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -76,15 +82,7 @@ class GrammarSpec:
 
     def llguidance_grammar(self) -> str:
         """The grammar in llguidance's serialised form."""
-        from llguidance import LLMatcher
-
-        if self.kind == "json_object":
-            return LLMatcher.grammar_from_json_schema({"type": "object"})
-        if self.kind == "json_schema":
-            return LLMatcher.grammar_from_json_schema(self.source)
-        if self.kind == "regex":
-            return LLMatcher.grammar_from_regex(self.source)
-        return LLMatcher.grammar_from_lark(self.source)
+        return grammar_check.llguidance_grammar(self.kind, self.source)
 
 
 _checked: OrderedDict[GrammarSpec, str] = OrderedDict()
@@ -120,10 +118,16 @@ def _on_grammar_thread(function: Callable[..., T], *args: Any) -> T:
 
 
 def _plain(message: str) -> str:
-    """An llguidance message fit for a client: its first line, bounded (a Rust panic
-    carries its location and a backtrace after it)."""
-    first = message.strip().splitlines()[0] if message.strip() else "invalid"
-    return first if len(first) <= _MAX_MESSAGE_CHARS else first[:_MAX_MESSAGE_CHARS] + "..."
+    """An llguidance message fit for a client: one line, bounded. The reason may follow
+    the first line (a regex error); a parser state dump or a Rust backtrace never goes."""
+    lines = []
+    for line in message.strip().splitlines():
+        if line.lstrip().startswith(("<state>", "stack backtrace", "note: run with")):
+            break
+        if line.strip():
+            lines.append(line.strip())
+    text = " ".join(lines) or "invalid"
+    return text if len(text) <= _MAX_MESSAGE_CHARS else text[:_MAX_MESSAGE_CHARS] + "..."
 
 
 def _check_size(spec: GrammarSpec) -> None:
@@ -155,20 +159,45 @@ def check_grammar(spec: GrammarSpec) -> str:
 
 
 def _validate(spec: GrammarSpec) -> str:
-    from llguidance import LLMatcher
-
     what = {"json_object": "JSON", "json_schema": "JSON schema", "regex": "regex"}
-    try:
-        grammar = spec.llguidance_grammar()
-        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
-    except (ValueError, TypeError) as exc:
-        is_error, messages = True, [str(exc)]
-    if is_error:
-        problem = _plain(messages[0]) if messages else "invalid"
+    if len(spec.source) > ISOLATE_ABOVE_CHARS:
+        grammar, error = _check_in_a_process(spec)
+    else:
+        grammar, error = grammar_check.check(spec.kind, spec.source)
+    if error is not None:
         raise InvalidParameter(
-            spec.param, f"invalid {what.get(spec.kind, 'grammar')}: {problem}", code="invalid_value"
+            spec.param,
+            f"invalid {what.get(spec.kind, 'grammar')}: {_plain(error)}",
+            code="invalid_value",
         )
     return grammar
+
+
+def _check_in_a_process(spec: GrammarSpec) -> tuple[str, str | None]:
+    """``grammar_check.check`` in a child process, killed past GRAMMAR_CHECK_SECONDS."""
+    request = json.dumps({"kind": spec.kind, "source": spec.source})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", grammar_check.__file__],
+            input=request,
+            capture_output=True,
+            text=True,
+            timeout=GRAMMAR_CHECK_SECONDS,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise InvalidParameter(
+            spec.param,
+            f"the grammar takes too long to compile (over {GRAMMAR_CHECK_SECONDS:g} s): "
+            "simplify it",
+            code="grammar_too_complex",
+        ) from exc
+    if done.returncode != 0:
+        raise InvalidParameter(
+            spec.param, "the grammar could not be compiled", code="grammar_too_complex"
+        )
+    result = json.loads(done.stdout)
+    return result["grammar"], result["error"]
 
 
 class GrammarCompiler:
@@ -219,9 +248,10 @@ class GrammarCompiler:
         return matcher
 
     def _build(self, spec: GrammarSpec, grammar: str) -> Any:
-        from llguidance import LLMatcher
+        from llguidance import LLMatcher, LLParserLimits
 
-        matcher = LLMatcher(self._llguidance_tokenizer(), grammar, log_level=0)
+        limits = LLParserLimits(verbose_errors=False)  # errors never echo the grammar
+        matcher = LLMatcher(self._llguidance_tokenizer(), grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise InvalidParameter(spec.param, _plain(matcher.get_error()), code="invalid_value")
         probe = matcher.deep_copy()
@@ -242,7 +272,9 @@ class GrammarCompiler:
         matcher = self.compile(spec)
         eos = list(self._ll_tokenizer.eos_tokens)
         index = None if budget is None else self._closing()
-        return GrammarState(matcher.deep_copy(), self.vocab_size, stop_ids, eos, budget, index)
+        return GrammarState(
+            matcher.deep_copy(), self.vocab_size, stop_ids, eos, budget, index, spec.param
+        )
 
     def _closing(self) -> ClosingIndex:
         if self._closing_index is None:
@@ -264,10 +296,12 @@ class GrammarState:
         grammar_eos: list[int],
         budget: int | None = None,
         closing: ClosingIndex | None = None,
+        param: str = "grammar",
     ) -> None:
         """``budget``: the output tokens the text must complete within (the budget rule of
         ``mtplx.grammar_budget``, with the tokenizer's ``closing`` index), None for none."""
         self.matcher = matcher
+        self.param = param  # the API field the grammar came from, for errors
         self.budget = budget if closing is not None else None
         self.closing = closing
         self.vocab_size = vocab_size
@@ -329,8 +363,12 @@ class GrammarState:
             self._fed.append(False)
             return
         if not self.matcher.consume_token(int(token)):
-            error = self.matcher.get_error()
-            raise ValueError(f"token {token} is not allowed by the grammar: {error}")
+            # Masks only offer allowed tokens: what fails here is the parser's own limits.
+            raise InvalidParameter(
+                self.param,
+                f"the grammar failed at token {token}: {_plain(self.matcher.get_error())}",
+                code="grammar_too_complex",
+            )
         self._fed.append(True)
 
     def rollback(self, num_tokens: int) -> None:
@@ -341,7 +379,7 @@ class GrammarState:
         del self._fed[-num_tokens:]
         fed = sum(undone)
         if fed and not self.matcher.rollback(fed):
-            raise ValueError(f"grammar rollback failed: {self.matcher.get_error()}")
+            raise ValueError(f"grammar rollback failed: {_plain(self.matcher.get_error())}")
 
     @property
     def num_consumed(self) -> int:

@@ -58,9 +58,9 @@ class ClosingIndex:
             text = ll_tokenizer.decode_bytes([token])
             if text:
                 by_bytes.setdefault(text, []).append(token)
-        single = sorted(
-            tokens[0] for text, tokens in by_bytes.items() if len(text) == 1 and text.isascii()
-        )
+        # Every one-byte token, the bytes past ASCII included: a closing may first have to
+        # finish a UTF-8 character the text stopped inside.
+        single = sorted(tokens[0] for text, tokens in by_bytes.items() if len(text) == 1)
         token_bytes = {token: ll_tokenizer.decode_bytes([token]) for token in single}
         first = {text: tokens[0] for text, tokens in by_bytes.items()}
         preferred = tuple(first[c.encode()] for c in _PREFERRED if c.encode() in first)

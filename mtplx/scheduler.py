@@ -256,6 +256,7 @@ class Scheduler:
         # Rows the engine holds for no request, read on the worker thread after each admission
         # and step: non-zero means requests cannot be admitted as they should (/health).
         self.orphan_rows = 0
+        self._preparing = 0  # requests waiting for the grammar thread (event loop only)
         # Called on the worker thread after each step with (rows, tokens, seconds): metrics.
         self.step_observer: Callable[[int, int, float], None] | None = None
 
@@ -391,12 +392,19 @@ class Scheduler:
         (grammars checked and compiled), on the grammar thread; call before ``submit``.
         Raises what ``engine.prepare`` raises (ValueError for a bad grammar)."""
         engine = self.engine
-        done: set[Any] = set()
-        for request in requests:
-            if request.grammar is None or request.grammar in done:
-                continue
-            done.add(request.grammar)
-            await asyncio.wrap_future(grammar_thread().submit(engine.prepare, request))
+        specs = {request.grammar: request for request in requests if request.grammar is not None}
+        if not specs:
+            return
+        # Requests waiting for the grammar thread count against the queue like waiting
+        # tickets: a flood of slow grammars is refused, not piled up.
+        if self._preparing >= self.max_queue:
+            raise QueueFull(self._preparing, self._retry_after())
+        self._preparing += 1
+        try:
+            for request in specs.values():
+                await asyncio.wrap_future(grammar_thread().submit(engine.prepare, request))
+        finally:
+            self._preparing -= 1
 
     def submit(
         self,

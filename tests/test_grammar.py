@@ -198,6 +198,36 @@ def test_a_request_that_fails_in_add_leaves_no_row_behind(
     assert engine.num_orphan_rows == 0
 
 
+def test_a_grammar_too_slow_to_compile_is_refused_in_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A schema whose compile time grows as a power of its size (pattern properties) is
+    checked in a process of its own and refused once its time is up."""
+    import mtplx.grammar
+
+    monkeypatch.setattr(mtplx.grammar, "GRAMMAR_CHECK_SECONDS", 1.0)
+    patterns = {f"^p{i}[a-z]*$": {"type": "integer"} for i in range(3000)}
+    spec = GrammarSpec.json_schema({"type": "object", "patternProperties": patterns})
+    with pytest.raises(InvalidParameter, match="too long to compile") as caught:
+        check_grammar(spec)
+    assert caught.value.code == "grammar_too_complex"
+    # Large but quick grammars pass through the same process check.
+    check_grammar(GrammarSpec("lark", "start: " + " | ".join(f'"t{i}"' for i in range(400))))
+
+
+def test_a_token_the_parser_refuses_fails_plainly(small_engine: Engine) -> None:
+    """What the matcher refuses while decoding (its parser limits; here a token no mask
+    offered) fails the request with an error naming the field, on one bounded line: no
+    parser state, no grammar."""
+    compiler = GrammarCompiler(small_engine.tokenizer, SMALL_VOCAB)
+    state = compiler.state(GrammarSpec("lark", OPEN.source, param="mtplx.grammar"), {STOP})
+    with pytest.raises(InvalidParameter) as caught:
+        state.consume(5)
+    message = str(caught.value)
+    assert caught.value.param == "mtplx.grammar" and caught.value.code == "grammar_too_complex"
+    assert "\n" not in message and "<state>" not in message and len(message) < 500
+
+
 def test_state_masks_stop_tokens_and_rollback(small_engine: Engine) -> None:
     compiler = GrammarCompiler(small_engine.tokenizer, SMALL_VOCAB)
     state = compiler.state(OPEN, stop_ids={STOP, IM_END_ID})

@@ -173,6 +173,32 @@ def test_full_queue_raises_queue_full_with_retry_after():
     sched.stop()
 
 
+def test_requests_waiting_for_the_grammar_thread_are_bounded_by_the_queue():
+    """Grammars compile on one thread: requests waiting for it count against max_queue, so
+    a flood of slow grammars is refused (429) instead of piling up."""
+    from mtplx.grammar import GrammarSpec
+
+    engine = FakeEngine()
+    release = threading.Event()
+    engine.prepare = lambda request: release.wait(10)  # a grammar that compiles slowly
+    sched = Scheduler.from_engine(engine, max_queue=2)
+    sched.start()
+    constrained = GenerationRequest(list(b"x"), grammar=GrammarSpec("regex", "a+"))
+
+    async def main():
+        waiting = [asyncio.ensure_future(sched.prepare([constrained])) for _ in range(2)]
+        await _wait_for(lambda: sched._preparing == 2)
+        with pytest.raises(QueueFull):
+            await sched.prepare([constrained])
+        await sched.prepare([_request("plain")])  # no grammar: nothing to wait for
+        release.set()
+        await asyncio.gather(*waiting)
+        assert sched._preparing == 0
+
+    asyncio.run(main())
+    sched.stop()
+
+
 def test_cancel_running_ticket_frees_engine_within_one_cycle(engine):
     engine.token_delay = 0.02
     sched = Scheduler.from_engine(engine)
