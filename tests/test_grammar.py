@@ -421,8 +421,9 @@ def _reference_greedy(
     engine: Engine, prompt: list[int], spec: GrammarSpec, limit: int
 ) -> list[int]:
     """Plain constrained greedy decoding written out: logits of the history, the grammar's
-    allowed tokens, argmax."""
-    state = GrammarCompiler(engine.tokenizer, engine.vocab_size).state(spec, engine.eos_token_ids)
+    allowed tokens (with the budget rule for ``limit`` tokens, as requests have it), argmax."""
+    compiler = GrammarCompiler(engine.tokenizer, engine.vocab_size)
+    state = compiler.state(spec, engine.eos_token_ids, budget=limit)
     tokens: list[int] = []
     while len(tokens) < limit:
         allowed = state.allowed()
