@@ -53,7 +53,9 @@ def endpoint_label(scope: Scope) -> str:
 
 
 class RequestLogMiddleware:
-    """Assigns ``x-request-id`` (the client's if sent), logs, and counts every request."""
+    """Assigns ``x-request-id`` (the client's if sent), logs, and counts every request. A
+    request whose client left before any response went out (in the middle of sending its
+    body, say) is logged and counted as 499, not as an error of the server."""
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
         self.app = app
@@ -73,23 +75,33 @@ class RequestLogMiddleware:
         state["request_id"] = request_id
         state["started"] = started
         status = 500
+        responded = False
+        client_left = False
+
+        async def receive_watching() -> Message:
+            nonlocal client_left
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                client_left = True
+            return message
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, responded
             if message["type"] == "http.response.start":
                 status = message["status"]
+                responded = True
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode("latin-1")))
                 message = {**message, "headers": headers}
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive_watching, send_with_id)
         finally:
             seconds = time.perf_counter() - started
             endpoint = endpoint_label(scope)
             usage = scope.get("state", {}).get("usage") or {}
-            if state.get("disconnected"):
+            if state.get("disconnected") or (client_left and not responded):
                 status = 499  # nginx's "client closed request"
             self.metrics.observe_request(endpoint, status, seconds)
             log.info(
