@@ -60,10 +60,13 @@ def check_json_values(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
         elif isinstance(value, dict):
             for key, item in value.items():
                 if not key.isascii() and _SURROGATE.search(key):
+                    where = field_path(path)
+                    place = f"in '{where}'" if where else "at the top level of the body"
                     raise APIError(
                         400,
-                        f"Invalid key in '{field_path(path)}': it contains a lone UTF-16 surrogate",
-                        param=field_path(path),
+                        f"Invalid key {json.dumps(key)} {place}: it contains a lone UTF-16 "
+                        "surrogate (\\ud800-\\udfff), which is not a character",
+                        param=where,
                         code="invalid_value",
                     )
                 stack.append((item, (*path, key)))

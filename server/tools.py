@@ -337,7 +337,14 @@ def render_conversation(
                 payload = {"tool_calls": [{"name": n, "arguments": a} for n, a in calls]}
                 entry["content"] = (text + "\n" if text else "") + json.dumps(payload)
         if role == "tool":
-            name = message.name or names.get(message.tool_call_id or "", "")
+            if not message.tool_call_id:
+                raise APIError(
+                    400,
+                    f"Missing required parameter: 'messages[{index}].tool_call_id'.",
+                    param=f"messages[{index}].tool_call_id",
+                    code="missing_required_parameter",
+                )
+            name = message.name or names.get(message.tool_call_id, "")
             if native:
                 entry.update({"tool_call_id": message.tool_call_id, "name": name})
             else:  # templates without tools know no "tool" role

@@ -63,6 +63,14 @@ def test_lone_surrogates_are_found_in_values_and_keys():
     check_json_values({"prompt": "a pair is fine: \U0001f642 日本"})
 
 
+def test_a_lone_surrogate_in_a_top_level_key_is_named_plainly():
+    with pytest.raises(APIError) as info:
+        check_json_values({"model": "m", "\ud800x": 1})
+    message = info.value.message
+    assert "None" not in message and "at the top level of the body" in message
+    assert '"\\ud800x"' in message and info.value.param is None
+
+
 def test_decode_json_passes_the_data_to_the_error_location():
     # The error's location is read against the parsed body: "5" is a key of logit_bias.
     raw = json.dumps(completion_body(logit_bias={"5": "high"})).encode()
