@@ -12,8 +12,10 @@ import logging
 import time
 import unicodedata
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.metrics import ServerMetrics
@@ -46,10 +48,35 @@ def printable(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
     return escaped + "..." if cut else escaped
 
 
+def _routes(routes: Any, depth: int = 0) -> Iterator[Any]:
+    """Routes with a path template, through included routers (FastAPI wraps each)."""
+    for route in routes or ():
+        if isinstance(getattr(route, "path", None), str) and hasattr(route, "matches"):
+            yield route
+        nested = getattr(route, "routes", None)
+        if nested is None:
+            nested = getattr(getattr(route, "original_router", None), "routes", None)
+        if nested is not None and depth < 4:
+            yield from _routes(nested, depth + 1)
+
+
 def endpoint_label(scope: Scope) -> str:
-    """The route template (bounded label values), or "unmatched"."""
+    """The route template (bounded label values), or "unmatched". A request refused
+    before routing (by a middleware, or because the client left while sending its body)
+    is labelled with the route its path would have reached."""
     route = scope.get("route")
-    return getattr(route, "path", None) or "unmatched"
+    path = getattr(route, "path", None)
+    if path:
+        return path
+    router = getattr(scope.get("app"), "router", None)
+    for candidate in _routes(getattr(router, "routes", None)):
+        try:
+            match, _ = candidate.matches(scope)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if match is not Match.NONE:
+            return candidate.path
+    return "unmatched"
 
 
 class RequestLogMiddleware:

@@ -79,4 +79,5 @@ async def test_a_client_that_leaves_mid_body_is_counted_as_499_not_500(app, capl
     [line] = [rec.getMessage() for rec in caplog.records if rec.name == "mtplx.access"]
     assert "status=499" in line
     metrics = app.state.ctx.metrics.render().decode()
-    assert 'status="499"} 1.0' in metrics and 'status="500"' not in metrics
+    assert 'mtplx_requests_total{endpoint="/v1/chat/completions",status="499"} 1.0' in metrics
+    assert 'status="500"' not in metrics
