@@ -9,6 +9,7 @@ at module level.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import sys
@@ -411,6 +412,7 @@ def run_server(
     import uvicorn
 
     from server.connections import (
+        ACCEPT_BACKLOG,
         ConnectionGuard,
         ConnectionLimits,
         connection_cap,
@@ -422,8 +424,12 @@ def run_server(
 
     let_streams_drain()
     limits = limits or ConnectionLimits()
+    # mlx_lm sets the open-file limit to (2048, 4096) when it is imported: import it before
+    # raising the limit, or the engine thread's import would lower it again under the cap.
+    with contextlib.suppress(ImportError):
+        import mlx_lm.utils  # noqa: F401
     fd_limit = raise_fd_limit()
-    cap = connection_cap(limits.max_connections, fd_limit)
+    cap = connection_cap(limits.max_connections, fd_limit, ACCEPT_BACKLOG)
     guard = ConnectionGuard(
         ConnectionLimits(
             max_connections=cap,
@@ -463,6 +469,7 @@ def run_server(
         port=port,
         log_level=log_level,
         http=guarded_protocol(guard),
+        backlog=ACCEPT_BACKLOG,
         timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]
         # Streams end by themselves once the scheduler's drain is over; uvicorn only cuts
         # what is left a little later.

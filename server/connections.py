@@ -15,8 +15,8 @@ protocol with:
 - a **connection cap**: past ``max_connections`` open connections, the one that has waited
   longest for a request head is closed to make room (an idle or slow socket gives way to a
   client that is about to send); when every connection is busy with a request, the new one
-  gets 503 and is closed. The cap stays below the file-descriptor limit (``fd_limit``), so
-  the listener never runs out of descriptors for new clients.
+  gets 503 and is closed. The cap stays below the file-descriptor limit by a reserve and
+  the listen backlog (``connection_cap``), so accepting never runs out of descriptors.
 
 ``raise_fd_limit`` lifts the soft descriptor limit to the hard one at start-up.
 """
@@ -38,6 +38,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from server.errors import error_body
 
 __all__ = [
+    "ACCEPT_BACKLOG",
     "FD_RESERVE",
     "ConnectionGuard",
     "ConnectionLimits",
@@ -51,6 +52,8 @@ log = logging.getLogger("mtplx.connections")
 # Descriptors kept out of the connection cap: the listener, log files, the model's files,
 # pipes and whatever libraries open.
 FD_RESERVE = 128
+# The listen backlog: also how many connections asyncio accepts in one go.
+ACCEPT_BACKLOG = 256
 # A hard limit of "unlimited" is raised this far.
 _UNLIMITED_FDS = 1 << 16
 
@@ -81,9 +84,11 @@ def raise_fd_limit() -> int:
     return _UNLIMITED_FDS if soft == resource.RLIM_INFINITY else soft
 
 
-def connection_cap(max_connections: int, fd_limit: int) -> int:
-    """``max_connections``, lowered so that ``FD_RESERVE`` descriptors stay free."""
-    return max(1, min(max_connections, fd_limit - FD_RESERVE))
+def connection_cap(max_connections: int, fd_limit: int, backlog: int = 0) -> int:
+    """``max_connections``, lowered so that ``FD_RESERVE`` descriptors stay free besides
+    ``backlog`` more: asyncio accepts up to the listen backlog in one go before any new
+    connection is admitted (and may be closed)."""
+    return max(1, min(max_connections, fd_limit - backlog - FD_RESERVE))
 
 
 def _raw_response(status: int, reason: str, message: str, code: str) -> bytes:
@@ -136,16 +141,16 @@ class GuardedH11Protocol(H11Protocol):
                 oldest, _ = guard.waiting.popitem(last=False)
                 guard.count("evicted")
                 log.warning(
-                    "%d connections open (the limit): closed the one waiting longest for a "
+                    "at the limit of %d connections: closed the one waiting longest for a "
                     "request head",
-                    len(self.connections),
+                    guard.limits.max_connections,
                 )
                 oldest._close()
             else:
                 guard.count("refused")
                 log.warning(
-                    "%d connections open (the limit), all busy: refused a new connection",
-                    len(self.connections),
+                    "at the limit of %d connections, all busy: refused a new connection",
+                    guard.limits.max_connections,
                 )
                 self._answer_and_close(
                     _raw_response(

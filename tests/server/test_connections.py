@@ -197,6 +197,8 @@ def test_the_cap_leaves_descriptors_for_the_listener() -> None:
     assert connection_cap(1024, 20000) == 1024
     assert connection_cap(1024, 1024) == 1024 - FD_RESERVE
     assert connection_cap(1024, 10) == 1
+    assert connection_cap(1024, 2048, 256) == 1024
+    assert connection_cap(4096, 2048, 256) == 2048 - 256 - FD_RESERVE
     assert raise_fd_limit() >= 1
 
 
