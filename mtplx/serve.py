@@ -458,10 +458,14 @@ def run_server(
 
         def _stop_now(self) -> None:
             scheduler.stop()
+            # The streams send their error events and end; uvicorn's shutdown then goes on
+            # as usual. What has not ended in two seconds is cut.
             deadline = time.monotonic() + 2.0
-            while self.server_state.tasks and time.monotonic() < deadline:
+            state = self.server_state
+            while (state.tasks or state.connections) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            self.force_exit = True
+            if state.tasks or state.connections:
+                self.force_exit = True
 
     config = uvicorn.Config(
         app,
