@@ -480,6 +480,9 @@ def run_server(
         timeout_graceful_shutdown=shutdown_timeout + 5,  # type: ignore[arg-type]
     )
     limit_log_floods()  # after uvicorn.Config, which sets up uvicorn's loggers
+    ctx = getattr(getattr(app, "state", None), "ctx", None)
+    if ctx is not None:
+        ctx.metrics.registry.register(guard)  # /metrics: open and closed connections
     if cap < limits.max_connections:
         logging.getLogger("mtplx.connections").warning(
             "at most %d connections (the open-file limit is %d)", cap, fd_limit

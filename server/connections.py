@@ -29,10 +29,12 @@ import logging
 import resource
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import h11
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from server.errors import error_body
@@ -101,7 +103,7 @@ def _raw_response(status: int, reason: str, message: str, code: str) -> bytes:
     return head.encode("ascii") + body
 
 
-@dataclass
+@dataclass(eq=False)
 class ConnectionGuard:
     """State the connections of one server share: those waiting for a request head (oldest
     first) and counts of the connections the limits closed, by reason."""
@@ -116,10 +118,27 @@ class ConnectionGuard:
             "refused": 0,
         }
     )
+    open: int = 0
 
     def count(self, reason: str) -> None:
         """One connection closed by the limits for ``reason``."""
         self.closed[reason] += 1
+
+    def collect(self) -> Iterator[Metric]:
+        """Prometheus metrics (a collector's ``collect``): open connections, the cap, and
+        the connections the limits closed, by reason."""
+        yield GaugeMetricFamily("mtplx_open_connections", "Open HTTP connections", self.open)
+        yield GaugeMetricFamily(
+            "mtplx_max_connections", "The cap on open connections", self.limits.max_connections
+        )
+        closed = CounterMetricFamily(
+            "mtplx_connections_closed",
+            "Connections closed by the limits (header_timeout, body_timeout, evicted, refused)",
+            labels=["reason"],
+        )
+        for reason, count in self.closed.items():
+            closed.add_metric([reason], count)
+        yield closed
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -136,6 +155,7 @@ class GuardedH11Protocol(H11Protocol):
         self._last_data = time.monotonic()
         super().connection_made(transport)
         guard = self.guard
+        guard.open += 1
         if len(self.connections) > guard.limits.max_connections:
             if guard.waiting:
                 oldest, _ = guard.waiting.popitem(last=False)
@@ -165,6 +185,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Forget the connection and its timers."""
+        self.guard.open -= 1
         self.guard.waiting.pop(self, None)
         self._cancel_timers()
         super().connection_lost(exc)

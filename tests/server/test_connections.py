@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from prometheus_client import CollectorRegistry, generate_latest
 
 from server.connections import (
     FD_RESERVE,
@@ -121,6 +122,12 @@ def test_a_partial_head_is_answered_408_and_closed() -> None:
         error = json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]
         assert error["code"] == "request_timeout" and error["type"] == "invalid_request_error"
         assert guard.closed["header_timeout"] == 1
+        _wait_for(lambda: guard.open == 0)
+        registry = CollectorRegistry()
+        registry.register(guard)
+        text = generate_latest(registry).decode()
+        assert 'mtplx_connections_closed_total{reason="header_timeout"} 1.0' in text
+        assert "mtplx_open_connections 0.0" in text and "mtplx_max_connections 1024.0" in text
 
 
 def test_dripping_bytes_does_not_extend_the_head_deadline() -> None:
