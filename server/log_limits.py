@@ -4,7 +4,8 @@
 the rest, counting them; the next record let through says how many were dropped. It goes
 on the loggers whose messages a client can trigger at will: asyncio's (``socket.accept()
 out of system resource`` is logged once per failed accept), uvicorn's (one warning per
-malformed request) and the connection limits'.
+malformed request), the connection limits' and the unexpected-error handler's (one
+traceback per 500).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 __all__ = ["FLOODABLE_LOGGERS", "RateLimitFilter", "limit_log_floods"]
 
-FLOODABLE_LOGGERS = ("asyncio", "uvicorn.error", "mtplx.connections")
+FLOODABLE_LOGGERS = ("asyncio", "uvicorn.error", "mtplx.connections", "server.errors")
 
 
 class RateLimitFilter(logging.Filter):
