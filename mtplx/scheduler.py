@@ -443,7 +443,12 @@ class Scheduler:
         return ticket
 
     def _retry_after(self) -> int:
-        return max(1, min(60, math.ceil(self._mean_seconds * (len(self._pending) + 1))))
+        """Seconds until the waiting tickets have run: they start ``max_num_seqs`` at a
+        time, each batch taking the mean ticket's duration (1 to 60)."""
+        engine = self._engine
+        rows = max(1, getattr(engine, "max_num_seqs", 1) if engine is not None else 1)
+        batches = math.ceil((len(self._pending) + 1) / rows)
+        return max(1, min(60, math.ceil(self._mean_seconds * batches)))
 
     def _not_ready(self) -> EngineNotReady:
         if self.failure is not None:

@@ -9,14 +9,18 @@ at module level.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import re
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from mtplx.request import DRAFTER_NAMES, MAX_DEPTH
 
 __all__ = [
+    "Interrupted",
     "add_generate_parser",
     "add_serve_parser",
     "check_drafter_options",
@@ -311,10 +315,9 @@ def serve(args: argparse.Namespace) -> int:
         print(f"mtplx serve: {problem}", file=sys.stderr)
         return 2
 
-    import logging
-
     from mtplx.scheduler import EngineNotReady, Scheduler
     from server.app import create_app
+    from server.connections import ConnectionLimits
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     pipeline = None
@@ -351,14 +354,27 @@ def serve(args: argparse.Namespace) -> int:
         request_timeout=settings.request_timeout,
     )
     app = create_app(scheduler, settings, blas_info=describe_blas)
-    error = run_server(
-        app,
-        scheduler,
-        settings.host,
-        settings.port,
-        settings.log_level,
-        settings.shutdown_timeout,
+    limits = ConnectionLimits(
+        max_connections=settings.max_connections,
+        header_timeout=settings.header_timeout,
+        body_timeout=settings.body_timeout,
+        keep_alive_timeout=settings.keep_alive_timeout,
     )
+    try:
+        error = run_server(
+            app,
+            scheduler,
+            settings.host,
+            settings.port,
+            settings.log_level,
+            settings.shutdown_timeout,
+            limits,
+        )
+    except Interrupted as exc:
+        if pipeline is not None:
+            pipeline.close()
+        print(f"mtplx serve: {exc}", file=sys.stderr)
+        return 130  # the shell's code for a SIGINT
     if pipeline is not None and not pipeline.close():
         print(f"mtplx serve: {pipeline.failure}", file=sys.stderr)
         pipeline.exit_lost()
@@ -370,6 +386,10 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+class Interrupted(Exception):
+    """A second SIGINT stopped the server at once: running requests were ended."""
+
+
 def run_server(
     app: Any,
     scheduler: Any,
@@ -377,25 +397,58 @@ def run_server(
     port: int,
     log_level: str,
     shutdown_timeout: float = 30.0,
+    limits: Any = None,
 ) -> Any:
     """Serve ``app`` with uvicorn until interrupted. The model loads on the engine thread
     while /health answers 503; if loading fails (bad path, a drafter the checkpoint cannot
     use) the server shuts down and the load error is returned, else None.
 
+    ``limits`` (``server.connections.ConnectionLimits``; None: its defaults) bounds what
+    connections may hold: a deadline for each request head, an idle timeout inside a body
+    and a cap on open connections, kept below the file-descriptor limit (whose soft value is
+    raised to the hard one first). Log messages a client can trigger at will are
+    rate-limited.
+
     SIGTERM / SIGINT stop it gracefully: no new connections (uvicorn closes idle keep-alive
     ones), requests in flight finish for up to ``shutdown_timeout`` seconds while any that
     still reach the scheduler get 503, then the rest end with an error event (code
-    ``server_shutting_down``, and ``[DONE]``); the process exits 0. A second SIGINT exits at
-    once."""
+    ``server_shutting_down``, and ``[DONE]``); the process exits 0. A second SIGINT ends
+    every request at once, streams with that error event, and raises ``Interrupted``."""
     import threading
 
     import uvicorn
 
+    from server.connections import (
+        ACCEPT_BACKLOG,
+        ConnectionGuard,
+        ConnectionLimits,
+        connection_cap,
+        guarded_protocol,
+        raise_fd_limit,
+    )
+    from server.log_limits import limit_log_floods
     from server.streaming import let_streams_drain
 
     let_streams_drain()
+    limits = limits or ConnectionLimits()
+    # mlx_lm sets the open-file limit to (2048, 4096) when it is imported: import it before
+    # raising the limit, or the engine thread's import would lower it again under the cap.
+    with contextlib.suppress(ImportError):
+        import mlx_lm.utils  # noqa: F401
+    fd_limit = raise_fd_limit()
+    cap = connection_cap(limits.max_connections, fd_limit, ACCEPT_BACKLOG)
+    guard = ConnectionGuard(
+        ConnectionLimits(
+            max_connections=cap,
+            header_timeout=limits.header_timeout,
+            body_timeout=limits.body_timeout,
+            keep_alive_timeout=limits.keep_alive_timeout,
+        )
+    )
 
     class DrainingServer(uvicorn.Server):
+        interrupted = False
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             first = not self.should_exit
             super().handle_exit(sig, frame)
@@ -403,16 +456,44 @@ def run_server(
             self._captured_signals.clear()
             if first:
                 scheduler.drain(shutdown_timeout)
+            elif self.force_exit and not self.interrupted:
+                # uvicorn would drop the connections now: end the requests first, so each
+                # stream still gets its error event and end marker.
+                self.force_exit = False
+                self.interrupted = True
+                threading.Thread(target=self._stop_now, name="mtplx-interrupt", daemon=True).start()
+
+        def _stop_now(self) -> None:
+            scheduler.stop()
+            # The streams send their error events and end; uvicorn's shutdown then goes on
+            # as usual. What has not ended in two seconds is cut.
+            deadline = time.monotonic() + 2.0
+            state = self.server_state
+            while (state.tasks or state.connections) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if state.tasks or state.connections:
+                self.force_exit = True
 
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         log_level=log_level,
+        http=guarded_protocol(guard),
+        backlog=ACCEPT_BACKLOG,
+        timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]
         # Streams end by themselves once the scheduler's drain is over; uvicorn only cuts
         # what is left a little later.
-        timeout_graceful_shutdown=shutdown_timeout + 5,
+        timeout_graceful_shutdown=shutdown_timeout + 5,  # type: ignore[arg-type]
     )
+    limit_log_floods()  # after uvicorn.Config, which sets up uvicorn's loggers
+    ctx = getattr(getattr(app, "state", None), "ctx", None)
+    if ctx is not None:
+        ctx.metrics.registry.register(guard)  # /metrics: open and closed connections
+    if cap < limits.max_connections:
+        logging.getLogger("mtplx.connections").warning(
+            "at most %d connections (the open-file limit is %d)", cap, fd_limit
+        )
     server = DrainingServer(config)
 
     def stop_if_load_fails() -> None:
@@ -421,6 +502,8 @@ def run_server(
 
     threading.Thread(target=stop_if_load_fails, name="mtplx-load-watch", daemon=True).start()
     server.run()
+    if server.interrupted:
+        raise Interrupted("interrupted twice: the requests still running were ended")
     return scheduler.load_error  # stays None unless loading failed
 
 

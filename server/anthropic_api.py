@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from server.body import validate_part
 from server.errors import APIError
+from server.params import check_stop
 from server.schemas import ChatCompletionRequest, MtplxOptions
 
 __all__ = [
@@ -150,6 +151,9 @@ class MessagesRequest(_Prompted):
 class CountTokensRequest(_Prompted):
     """POST /v1/messages/count_tokens."""
 
+
+# Stop sequences a Messages request may send (each of at most params.MAX_STOP_CHARS).
+MAX_STOP_SEQUENCES = 16
 
 _UNSUPPORTED = {
     "mcp_servers": "MCP servers are not supported",
@@ -352,7 +356,14 @@ def to_chat_request(body: MessagesRequest | CountTokensRequest) -> ChatCompletio
         if system:
             messages.append({"role": "system", "content": system})
     calls: set[str] = set()
+    last = len(body.messages) - 1
     for i, message in enumerate(body.messages):
+        if message.content == [] and not (i == last and message.role == "assistant"):
+            raise _bad(
+                f"messages[{i}]: all messages must have non-empty content except for the "
+                "optional final assistant message",
+                f"messages[{i}].content",
+            )
         entries = _turn(message, i, calls)
         calls = {c["id"] for e in entries for c in e.get("tool_calls", [])}
         for entry in entries:
@@ -371,8 +382,7 @@ def to_chat_request(body: MessagesRequest | CountTokensRequest) -> ChatCompletio
         chat["chat_template_kwargs"] = {"enable_thinking": enabled}
     if isinstance(body, MessagesRequest):
         stop = body.stop_sequences or []
-        if any(not s for s in stop):
-            raise APIError(400, "stop_sequences must not contain empty strings")
+        check_stop(stop, "stop_sequences", MAX_STOP_SEQUENCES)
         options = body.mtplx.model_dump(exclude_unset=True) if body.mtplx else None
         chat.update(
             max_tokens=body.max_tokens,

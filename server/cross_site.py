@@ -36,13 +36,23 @@ def allowed_host_names(settings: ServerSettings) -> frozenset[str] | None:
 
 
 def host_name(header: str) -> str:
-    """The name part of a Host header: ``[::1]:8000`` -> ``::1``, ``a.b:80`` -> ``a.b``."""
+    """The name part of a Host header: ``[::1]:8000`` -> ``::1``, ``a.b:80`` -> ``a.b``;
+    ``""`` (matching no allowed name) when anything but a port follows the name
+    (``[::1]evil.com``, ``localhost:80evil``)."""
     header = header.strip().lower()
     if header.startswith("["):
         end = header.find("]")
-        return header[1:end] if end > 0 else header
-    name, _, _port = header.partition(":")
-    return name.rstrip(".")  # "localhost." is localhost
+        if end < 0:
+            return ""
+        name, rest = header[1:end], header[end + 1 :]
+    else:
+        name, colon, port = header.partition(":")
+        rest = colon + port
+        name = name.rstrip(".")  # "localhost." is localhost
+    port = rest[1:]
+    if rest and not (rest.startswith(":") and (port == "" or (port.isdigit() and port.isascii()))):
+        return ""
+    return name
 
 
 class HostCheckMiddleware:

@@ -16,9 +16,47 @@ from server.schemas import ChatCompletionRequest, CompletionRequest, unsupported
 from server.settings import ServerSettings
 from server.structured import grammar_for
 
-__all__ = ["aliases_for", "build_requests", "check_common"]
+__all__ = [
+    "MAX_STOP_CHARS",
+    "MAX_STOP_SEQUENCES",
+    "aliases_for",
+    "build_requests",
+    "check_common",
+    "check_stop",
+]
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
+# OpenAI's limit on stop sequences; each is matched against the output at every token, so
+# their length is bounded too.
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_CHARS = 256
+
+
+def check_stop(
+    stop: str | list[str] | None, param: str = "stop", max_count: int = MAX_STOP_SEQUENCES
+) -> None:
+    """400 naming ``param`` for more than ``max_count`` stop sequences, one longer than
+    ``MAX_STOP_CHARS`` characters, or an empty one."""
+    sequences = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(sequences) > max_count:
+        raise APIError(
+            400,
+            f"'{param}' may hold at most {max_count} sequences, got {len(sequences)}",
+            param=param,
+            code="invalid_value",
+        )
+    for i, sequence in enumerate(sequences):
+        where = param if isinstance(stop, str) else f"{param}[{i}]"
+        if not sequence:
+            raise APIError(400, f"'{where}' must not be empty", param=param, code="invalid_value")
+        if len(sequence) > MAX_STOP_CHARS:
+            raise APIError(
+                400,
+                f"'{where}' is {len(sequence)} characters; a stop sequence may be at most "
+                f"{MAX_STOP_CHARS}",
+                param=param,
+                code="invalid_value",
+            )
 
 
 def check_common(

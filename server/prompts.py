@@ -2,7 +2,9 @@
 (strings or token ids), with the checks that must come before any tokenizer work.
 
 Size is checked before tokenizing (a prompt with more characters than the context could
-hold at ``CHARS_PER_TOKEN_BOUND`` characters a token cannot fit, whatever the tokenizer),
+hold at ``CHARS_PER_TOKEN_BOUND`` characters a token cannot fit, whatever the tokenizer;
+every part the prompt renders counts: all text parts, names, tool calls' arguments, the
+tools' descriptions and parameter schemas),
 token ids against the vocabulary before decoding them (a tokenizer overflows on ids past
 its integer type), and tokenizing itself runs in a worker thread, one at a time, so a
 long prompt never stalls the event loop (and /health with it).
@@ -113,13 +115,47 @@ def _too_long(param: str, size: str, context_length: int) -> APIError:
     )
 
 
-def _content_chars(message: ChatMessage) -> int:
-    thinking = len(message.reasoning_content or "")
-    if message.content is None:
-        return thinking
-    if isinstance(message.content, str):
-        return thinking + len(message.content)
-    return thinking + sum(len(part.text or "") for part in message.content)
+def _size(value: Any, budget: int) -> int:
+    """Characters of the strings (values and keys) in ``value``, numbers and literals as a
+    few each; the walk stops once the count passes ``budget``, so a huge value costs no
+    more than the limit it is checked against."""
+    total = 0
+    stack = [value]
+    while stack and total <= budget:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(str(key)) for key in item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif item is not None:
+            total += 4
+    return total
+
+
+def _message_chars(message: ChatMessage, budget: int) -> int:
+    """Characters of everything in a message the prompt renders: content (every text
+    part), name, tool call ids, names and arguments."""
+    content = message.content
+    parts: list[Any] = [
+        content if not isinstance(content, list) else [part.text for part in content],
+        message.name,
+        message.tool_call_id,
+        message.reasoning_content,
+    ]
+    for call in message.tool_calls or []:
+        parts += [call.id, call.function.name, call.function.arguments]
+    return _size(parts, budget)
+
+
+def _tool_chars(body: ChatCompletionRequest, budget: int) -> int:
+    """Characters of the tool definitions (names, descriptions, parameter schemas)."""
+    definitions = [
+        [t.function.name, t.function.description, t.function.parameters] for t in body.tools or []
+    ]
+    return _size(definitions, budget)
 
 
 def check_prompt_size(
@@ -132,9 +168,20 @@ def check_prompt_size(
     token ids; and for token ids outside the vocabulary (when its size is known)."""
     max_chars = context_length * CHARS_PER_TOKEN_BOUND
     if isinstance(body, ChatCompletionRequest):
-        chars = sum(_content_chars(m) for m in body.messages)
-        if chars > max_chars:
-            raise _too_long("messages", f"your messages are {chars} characters", context_length)
+        chars = 0
+        for message in body.messages:
+            chars += _message_chars(message, max_chars - chars)
+            if chars > max_chars:
+                raise _too_long(
+                    "messages", f"your messages are over {max_chars} characters", context_length
+                )
+        tools = _tool_chars(body, max_chars - chars)
+        if chars + tools > max_chars:
+            raise _too_long(
+                "tools",
+                f"your messages and tools are over {max_chars} characters",
+                context_length,
+            )
         return
     prompt = body.prompt
     if not prompt:
@@ -167,13 +214,20 @@ def message_text(message: ChatMessage, index: int) -> str:
         return message.content
     texts = []
     for j, part in enumerate(message.content):
-        if part.type != "text" or part.text is None:
+        where = f"messages[{index}].content[{j}]"
+        if part.type != "text":
             raise APIError(
                 400,
                 f"only text content parts are supported, got type {part.type!r}",
-                param=f"messages[{index}].content[{j}]"
-                + (".type" if part.type != "text" else ".text"),
+                param=f"{where}.type",
                 code="unsupported_parameter",
+            )
+        if part.text is None:
+            raise APIError(
+                400,
+                f"Missing required parameter: '{where}.text'.",
+                param=f"{where}.text",
+                code="missing_required_parameter",
             )
         texts.append(part.text)
     return "\n".join(texts)

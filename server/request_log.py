@@ -12,8 +12,10 @@ import logging
 import time
 import unicodedata
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.metrics import ServerMetrics
@@ -46,14 +48,41 @@ def printable(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
     return escaped + "..." if cut else escaped
 
 
+def _routes(routes: Any, depth: int = 0) -> Iterator[Any]:
+    """Routes with a path template, through included routers (FastAPI wraps each)."""
+    for route in routes or ():
+        if isinstance(getattr(route, "path", None), str) and hasattr(route, "matches"):
+            yield route
+        nested = getattr(route, "routes", None)
+        if nested is None:
+            nested = getattr(getattr(route, "original_router", None), "routes", None)
+        if nested is not None and depth < 4:
+            yield from _routes(nested, depth + 1)
+
+
 def endpoint_label(scope: Scope) -> str:
-    """The route template (bounded label values), or "unmatched"."""
+    """The route template (bounded label values), or "unmatched". A request refused
+    before routing (by a middleware, or because the client left while sending its body)
+    is labelled with the route its path would have reached."""
     route = scope.get("route")
-    return getattr(route, "path", None) or "unmatched"
+    path = getattr(route, "path", None)
+    if path:
+        return path
+    router = getattr(scope.get("app"), "router", None)
+    for candidate in _routes(getattr(router, "routes", None)):
+        try:
+            match, _ = candidate.matches(scope)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if match is not Match.NONE:
+            return candidate.path
+    return "unmatched"
 
 
 class RequestLogMiddleware:
-    """Assigns ``x-request-id`` (the client's if sent), logs, and counts every request."""
+    """Assigns ``x-request-id`` (the client's if sent), logs, and counts every request. A
+    request whose client left before any response went out (in the middle of sending its
+    body, say) is logged and counted as 499, not as an error of the server."""
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
         self.app = app
@@ -73,23 +102,33 @@ class RequestLogMiddleware:
         state["request_id"] = request_id
         state["started"] = started
         status = 500
+        responded = False
+        client_left = False
+
+        async def receive_watching() -> Message:
+            nonlocal client_left
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                client_left = True
+            return message
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, responded
             if message["type"] == "http.response.start":
                 status = message["status"]
+                responded = True
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode("latin-1")))
                 message = {**message, "headers": headers}
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive_watching, send_with_id)
         finally:
             seconds = time.perf_counter() - started
             endpoint = endpoint_label(scope)
             usage = scope.get("state", {}).get("usage") or {}
-            if state.get("disconnected"):
+            if state.get("disconnected") or (client_left and not responded):
                 status = 499  # nginx's "client closed request"
             self.metrics.observe_request(endpoint, status, seconds)
             log.info(

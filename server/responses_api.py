@@ -173,7 +173,18 @@ def _parts_text(parts: list[Any], where: str, kinds: tuple[str, ...]) -> str:
     for j, part in enumerate(parts):
         kind = part.get("type") if isinstance(part, dict) else None
         text = part.get("text") if isinstance(part, dict) else None
-        if kind not in kinds or not isinstance(text, str):
+        if kind in kinds and "text" not in part:
+            raise _bad(
+                f"Missing required parameter: '{where}[{j}].text'.",
+                f"{where}[{j}].text",
+                "missing_required_parameter",
+            )
+        if kind in kinds and not isinstance(text, str):
+            raise _bad(
+                f"Invalid value for '{where}[{j}].text': expected a string",
+                f"{where}[{j}].text",
+            )
+        if kind not in kinds:
             raise _bad(
                 f"{where}[{j}]: only {' / '.join(kinds)} parts are supported, got {kind!r}",
                 f"{where}[{j}]",

@@ -74,11 +74,37 @@ class ServerSettings(BaseSettings):
     max_choices: int = Field(
         16, ge=1, description="largest number of choices per request: prompts x n"
     )
-    request_timeout: float = Field(600.0, gt=0, description="seconds, waiting plus generating")
+    request_timeout: float = Field(
+        600.0, gt=0, allow_inf_nan=False, description="seconds, waiting plus generating"
+    )
     shutdown_timeout: float = Field(
-        30.0, ge=0, description="seconds in-flight requests may finish on SIGTERM / SIGINT"
+        30.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="seconds in-flight requests may finish on SIGTERM / SIGINT",
     )
     max_request_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="larger bodies: 413")
+    max_connections: int = Field(
+        1024,
+        ge=1,
+        description="open connections at most (kept below the open-file limit); past it the "
+        "connection waiting longest for a request head is closed, or a new one refused",
+    )
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds a request's head (request line and headers) may take to arrive",
+    )
+    body_timeout: float = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="seconds without a byte inside a request body before the connection closes",
+    )
+    keep_alive_timeout: float = Field(
+        5.0, gt=0, allow_inf_nan=False, description="idle seconds between requests on a connection"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     reasoning_parser: Literal["auto", "none", "qwen3", "deepseek_r1"] = Field(
         "auto",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from server.structured import JSON_OPTIONS, grammar_for
 __all__ = [
     "ToolPlan",
     "call_style",
+    "hoist_definitions",
     "parse_tool_calls",
     "plan_tools",
     "render_conversation",
@@ -81,21 +83,25 @@ class ToolPlan:
             return None
         tools = [t for t in self.tools if self.choice != "function" or t.function.name == self.name]
         key = "parameters" if self.style == LLAMA else "arguments"
+        definitions: dict[str, Any] = {}
         calls = [
             {
                 "type": "object",
                 "properties": {
                     "name": {"const": t.function.name},
-                    key: t.function.parameters or {"type": "object"},
+                    key: hoist_definitions(
+                        t.function.parameters or {"type": "object"}, f"tool{i}", definitions
+                    ),
                 },
                 "required": ["name", key],
                 "additionalProperties": False,
             }
-            for t in tools
+            for i, t in enumerate(tools)
         ]
         call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        root = {"$defs": definitions} if definitions else {}
         if self.style == HERMES:
-            schema = json.dumps({**call, "x-guidance": JSON_OPTIONS})
+            schema = json.dumps({**call, **root, "x-guidance": JSON_OPTIONS})
             one = f'"<tool_call>\\n" %json {schema} "\\n</tool_call>"'
             rule = f"call: {one}\nstart: call" + (' ("\\n" call)*' if self.parallel else "")
             return GrammarSpec("lark", rule, param="tool_choice")
@@ -109,13 +115,87 @@ class ToolPlan:
                 "required": ["tool_calls"],
                 "additionalProperties": False,
             }
-        call = {**call, "x-guidance": JSON_OPTIONS}
+        call = {**call, **root, "x-guidance": JSON_OPTIONS}
         if self.choice == "auto":
             # Leading whitespace is text's: a JSON call starts the reply at once.
             text = r"TEXT: /\s*[^{\s][\s\S]*/"
             rule = f"start: TEXT | call\n{text}\ncall: %json {json.dumps(call)}"
             return GrammarSpec("lark", rule, param="tools")
         return GrammarSpec.json_schema(call, param="tool_choice")
+
+
+# Keywords whose values are data, not schemas: a "$ref" key inside them is left alone.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "example"})
+# Keywords whose values map names to schemas (a property may be called "default").
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def _is_local_ref(key: str, item: Any) -> bool:
+    return key == "$ref" and isinstance(item, str) and item.startswith("#")
+
+
+def _rewrite_refs(value: Any, rename: Callable[[str], str], names: bool = False) -> Any:
+    """``value`` (a schema, or with ``names`` a map of names to schemas) with every local
+    ``$ref`` (one starting with ``#``) passed through ``rename``; data is left alone."""
+    if isinstance(value, list):
+        return [_rewrite_refs(item, rename) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if names:
+            out[key] = _rewrite_refs(item, rename)
+        elif _is_local_ref(key, item):
+            out[key] = rename(item)
+        elif key in _DATA_KEYWORDS:
+            out[key] = item
+        else:
+            out[key] = _rewrite_refs(item, rename, key in _SCHEMA_MAPS)
+    return out
+
+
+def _has_local_ref(value: Any, names: bool = False) -> bool:
+    if isinstance(value, list):
+        return any(_has_local_ref(item) for item in value)
+    if not isinstance(value, dict):
+        return False
+    for key, item in value.items():
+        if names:
+            found = _has_local_ref(item)
+        else:
+            found = _is_local_ref(key, item) or (
+                key not in _DATA_KEYWORDS and _has_local_ref(item, key in _SCHEMA_MAPS)
+            )
+        if found:
+            return True
+    return False
+
+
+def hoist_definitions(schema: dict[str, Any], name: str, definitions: dict[str, Any]) -> Any:
+    """``schema`` (a tool's parameters), ready to be nested inside a larger schema: its
+    ``$defs`` / ``definitions`` move into ``definitions`` (the larger schema's root
+    ``$defs``) as ``{name}.defs.X`` / ``{name}.definitions.X``, and the schema itself as
+    ``name``; every local ``$ref`` (``#/$defs/X``, ``#/definitions/X``, ``#``,
+    ``#/properties/...``) is rewritten to point there. The schema is returned as it is
+    when it has no local references."""
+    if not _has_local_ref(schema):
+        return {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+
+    def rename(ref: str) -> str:
+        pointer = ref[1:]
+        for keyword, group in (("/$defs/", "defs"), ("/definitions/", "definitions")):
+            if pointer.startswith(keyword):
+                return f"#/$defs/{name}.{group}.{pointer[len(keyword) :]}"
+        return f"#/$defs/{name}{pointer}"
+
+    for keyword, group in (("$defs", "defs"), ("definitions", "definitions")):
+        for key, definition in (schema.get(keyword) or {}).items():
+            definitions[f"{name}.{group}.{key}"] = _rewrite_refs(definition, rename)
+    body = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+    definitions[name] = _rewrite_refs(body, rename)
+    return {"$ref": f"#/$defs/{name}"}
 
 
 def _template(tokenizer: Any) -> str:
@@ -259,7 +339,14 @@ def render_conversation(
                 payload = {"tool_calls": [{"name": n, "arguments": a} for n, a in calls]}
                 entry["content"] = (text + "\n" if text else "") + json.dumps(payload)
         if role == "tool":
-            name = message.name or names.get(message.tool_call_id or "", "")
+            if not message.tool_call_id:
+                raise APIError(
+                    400,
+                    f"Missing required parameter: 'messages[{index}].tool_call_id'.",
+                    param=f"messages[{index}].tool_call_id",
+                    code="missing_required_parameter",
+                )
+            name = message.name or names.get(message.tool_call_id, "")
             if native:
                 entry.update({"tool_call_id": message.tool_call_id, "name": name})
             else:  # templates without tools know no "tool" role

@@ -421,3 +421,24 @@ def test_fail_ends_running_and_waiting_tickets_and_refuses_new_ones():
         release.set()
         sched.stop()
     assert sched.state == "failed"  # stop keeps the reason /health reports
+
+
+def test_retry_after_counts_the_batches_the_waiting_tickets_need():
+    engine = FakeEngine(max_num_seqs=2, token_delay=0.01)
+    sched = Scheduler.from_engine(engine, max_queue=4)
+    sched.start()
+
+    async def main():
+        running = [sched.submit(_request(f"run{i}", max_tokens=2000)) for i in range(2)]
+        await _wait_for(lambda: sched.active == 2)
+        waiting = [sched.submit(_request(f"w{i}", max_tokens=2000)) for i in range(4)]
+        sched._mean_seconds = 2.0
+        with pytest.raises(QueueFull) as info:
+            sched.submit(_request("over"))
+        # 4 waiting + this one, 2 at a time: 3 batches of 2 s (not 5 tickets x 2 s).
+        assert info.value.retry_after == 6
+        for ticket in [*running, *waiting]:
+            ticket.cancel()
+
+    asyncio.run(main())
+    sched.stop()

@@ -122,8 +122,8 @@ def test_serve_runs_uvicorn_with_merged_settings(tmp_path, monkeypatch, fake_eng
     monkeypatch.setenv("MTPLX_MAX_QUEUE", "4")
     seen = {}
 
-    def fake_run(app, scheduler, host, port, log_level, shutdown_timeout):
-        seen.update(app=app, host=host, port=port, shutdown_timeout=shutdown_timeout)
+    def fake_run(app, scheduler, host, port, log_level, shutdown_timeout, limits):
+        seen.update(app=app, host=host, port=port, shutdown_timeout=shutdown_timeout, limits=limits)
 
     monkeypatch.setattr(serve_commands, "run_server", fake_run)
     argv = ["serve", "/ckpt", "--config", str(config), "--depth", "adaptive", "--port", "9200"]
@@ -131,6 +131,7 @@ def test_serve_runs_uvicorn_with_merged_settings(tmp_path, monkeypatch, fake_eng
     ctx = seen["app"].state.ctx
     assert (seen["host"], seen["port"]) == ("0.0.0.0", 9200)
     assert seen["shutdown_timeout"] == 30.0
+    assert seen["limits"].max_connections == 1024 and seen["limits"].header_timeout == 10.0
     assert ctx.settings.max_queue == 4 and ctx.scheduler.max_queue == 4
     assert ctx.settings.drafter == "ngram" and ctx.settings.depth is None
     assert ctx.settings.api_key.get_secret_value() == "k"

@@ -14,6 +14,7 @@ from server.body import parse_json_body
 from server.context import get_context
 from server.generation import ChoiceResult, now
 from server.logprobs import chat_logprobs
+from server.params import check_stop
 from server.reasoning import ReasoningSplitter, ReplyReasoning
 from server.routes.common import new_id, respond, start_chat
 from server.schemas import ChatCompletionRequest
@@ -149,6 +150,7 @@ async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions, streaming or not."""
     ctx = get_context(request)
     body = await parse_json_body(request, ChatCompletionRequest)
+    check_stop(body.stop)
     engine = ctx.engine()
     prompt, plan, ticket = await start_chat(ctx, body)
     model = ctx.model_id()

@@ -13,7 +13,7 @@ from server.body import parse_json_body
 from server.context import get_context
 from server.generation import ChoiceResult, now, submit
 from server.logprobs import completion_logprobs, echoed_logprobs, vllm_prompt_logprobs
-from server.params import aliases_for, build_requests, check_common
+from server.params import aliases_for, build_requests, check_common, check_stop
 from server.prompts import Prompt, check_prompt_size, completion_prompts, in_tokenizer_thread
 from server.routes.common import new_id, respond
 from server.schemas import CompletionRequest
@@ -95,6 +95,7 @@ async def completions(request: Request) -> Response:
     """OpenAI (legacy) completions: one choice set per prompt, streaming or not."""
     ctx = get_context(request)
     body = await parse_json_body(request, CompletionRequest)
+    check_stop(body.stop)
     engine = ctx.engine()
     check_common(body, ctx.settings, ctx.model_names())
     # The real engine has vocab_size; EngineLike does not promise it.

@@ -1,4 +1,5 @@
-"""GET /v1/models, /health and /metrics."""
+"""GET /v1/models, /health and /metrics; HEAD on each answers the same status and headers
+without the body (the HTTP server drops it)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,14 @@ def _model_card(request: Request) -> dict[str, Any]:
 
 
 @router.get("/v1/models")
+@router.head("/v1/models", include_in_schema=False)
 async def list_models(request: Request) -> dict[str, Any]:
     """The one model this server serves."""
     return {"object": "list", "data": [_model_card(request)]}
 
 
 @router.get("/v1/models/{model_id:path}")
+@router.head("/v1/models/{model_id:path}", include_in_schema=False)
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     """One model card, or 404."""
     card = _model_card(request)
@@ -56,6 +59,7 @@ def _blas(ctx: Any) -> Any:
 
 
 @router.get("/health")
+@router.head("/health", include_in_schema=False)
 async def health(request: Request) -> JSONResponse:
     """200 when serving; 503 while the model loads, after it failed to, or when the engine
     holds rows for no request (it could not admit what it should)."""
@@ -101,6 +105,7 @@ async def health(request: Request) -> JSONResponse:
 
 
 @router.get("/metrics")
+@router.head("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition."""
     return Response(get_context(request).metrics.render(), media_type=CONTENT_TYPE)

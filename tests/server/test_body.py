@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from server.body import MAX_JSON_DEPTH, check_json_values, decode_json
+from server.body import (
+    MAX_JSON_DEPTH,
+    _has_problem,
+    _locate_problem,
+    check_json_values,
+    decode_json,
+)
 from server.errors import APIError
 from server.schemas import CompletionRequest
 from tests.server.helpers import chat_body, completion_body
@@ -63,9 +69,38 @@ def test_lone_surrogates_are_found_in_values_and_keys():
     check_json_values({"prompt": "a pair is fine: \U0001f642 日本"})
 
 
+def test_a_lone_surrogate_in_a_top_level_key_is_named_plainly():
+    with pytest.raises(APIError) as info:
+        check_json_values({"model": "m", "\ud800x": 1})
+    message = info.value.message
+    assert "None" not in message and "at the top level of the body" in message
+    assert '"\\ud800x"' in message and info.value.param is None
+
+
 def test_decode_json_passes_the_data_to_the_error_location():
     # The error's location is read against the parsed body: "5" is a key of logit_bias.
     raw = json.dumps(completion_body(logit_bias={"5": "high"})).encode()
     with pytest.raises(APIError) as info:
         decode_json(raw, CompletionRequest)
     assert info.value.param == "logit_bias.5"
+
+
+@pytest.mark.parametrize("levels", range(MAX_JSON_DEPTH - 3, MAX_JSON_DEPTH + 3))
+@pytest.mark.parametrize("leaf", ["x", 1, [], {}, "a\ud800"])
+def test_the_fast_check_agrees_with_the_one_that_names_the_field(levels, leaf):
+    value = leaf
+    for i in range(levels):
+        value = [value] if i % 2 else {"k": value}
+    data = {"a": value}
+    try:
+        _locate_problem(data, MAX_JSON_DEPTH)  # the walk that builds every path
+        located = False
+    except APIError:
+        located = True
+    assert _has_problem(data, MAX_JSON_DEPTH) == located
+
+
+def test_a_million_short_strings_pass_the_quick_walk():
+    data = {"stop": ["ab"] * 1_000_000}
+    check_json_values(data)
+    assert not _has_problem(data, MAX_JSON_DEPTH)

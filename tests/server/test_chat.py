@@ -224,3 +224,12 @@ def test_chat_template_result_shapes(shape):
 
     prompt = chat_prompt(Tokenizer(), [ChatMessage(role="user", content="hé")])
     assert prompt.token_ids == list("<|user|>hé\n<|assistant|>".encode())
+
+
+async def test_a_tool_message_without_tool_call_id_is_a_400(client):
+    messages = [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]
+    r = await client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "messages[1].tool_call_id"
+    assert error["code"] == "missing_required_parameter"

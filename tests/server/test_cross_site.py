@@ -29,6 +29,12 @@ def _client(app, base_url: str = "http://localhost") -> httpx.AsyncClient:
         ("[::1]", "::1"),
         ("localhost.:1", "localhost"),
         ("evil.example:8000", "evil.example"),
+        ("localhost:", "localhost"),
+        ("[::1]evil.com", ""),
+        ("[::1]:80evil.com", ""),
+        ("localhost:80evil", ""),
+        ("localhost:1@evil.com", ""),
+        ("[::1", ""),
     ],
 )
 def test_host_name(header, name):
@@ -45,7 +51,10 @@ async def test_loopback_host_names_are_accepted(make_app, host):
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "127.0.0.1.evil.example"])
+@pytest.mark.parametrize(
+    "host",
+    ["evil.example", "evil.example:8000", "127.0.0.1.evil.example", "[::1]evil.com"],
+)
 async def test_a_foreign_host_is_refused_before_anything_runs(make_app, engine, host):
     app = make_app(engine)
     async with _client(app) as c:

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import anthropic
 import httpx
 import openai
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 from tests.server.live import live_server
 
@@ -319,3 +321,58 @@ def test_responses_stream_function_call_arguments(oai):
     assert call.parsed_arguments == json.loads(call.arguments)  # strict: the SDK parsed it
     assert {e.output_index for e in deltas} == {0} and deltas[0].item_id == call.id
     assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+class Address(BaseModel):
+    """A place (pydantic puts it in the schema's ``$defs``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    city: Literal["oslo", "rome"]
+    main: bool
+
+
+class Person(BaseModel):
+    """Arguments whose schema refers to ``#/$defs/Address``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    home: Address
+    others: list[Address] = Field(max_length=2)
+
+
+def test_a_pydantic_schema_with_defs_gives_a_valid_call_on_every_api(
+    oai: openai.OpenAI, claude: anthropic.Anthropic
+) -> None:
+    schema = Person.model_json_schema()
+    assert "$defs" in schema and "#/$defs/Address" in json.dumps(schema)
+    chat = oai.chat.completions.create(
+        model=MODEL,
+        messages=[PICK],
+        tools=[{"type": "function", "function": {"name": "save", "parameters": schema}}],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=200,
+    )
+    [call] = chat.choices[0].message.tool_calls
+    Person.model_validate_json(call.function.arguments)
+    response = oai.responses.create(
+        model=MODEL,
+        input="Save a person.",
+        tools=[{"type": "function", "name": "save", "parameters": schema, "strict": True}],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=200,
+    )
+    [item] = response.output
+    Person.model_validate_json(item.arguments)
+    message = claude.messages.create(
+        model=MODEL,
+        max_tokens=200,
+        messages=[PICK],
+        tools=[{"name": "save", "input_schema": schema}],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+    )
+    [use] = message.content
+    assert use.type == "tool_use"
+    Person.model_validate(use.input)

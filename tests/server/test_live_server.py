@@ -218,3 +218,16 @@ def test_bench_serve_admission_measures_running_streams_gaps(base_url):
     result = asyncio.run(main())
     assert result.streams == 3 and result.long_ttft_s > 0
     assert result.max_gap_s > 0 and result.max_gap_before_s > 0
+
+
+def test_head_health_is_200_without_a_body(base_url):
+    import socket
+
+    host, port = base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"HEAD /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b""

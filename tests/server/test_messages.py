@@ -504,3 +504,12 @@ async def test_tool_errors_in_the_history(client):
         await client.post(MESSAGES, json=body(messages=history)), 400, INVALID
     )
     assert "messages[2].content[0].content[0]" in message and "image" in message
+
+
+async def test_empty_content_is_a_400_except_a_final_assistant_prefill(client):
+    r = await client.post(MESSAGES, json=body([]))
+    assert r.status_code == 400
+    assert r.json()["type"] == "error" and "non-empty content" in r.json()["error"]["message"]
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": []}]
+    r = await client.post(MESSAGES, json={**body(), "messages": turns})
+    assert r.status_code == 200, r.text

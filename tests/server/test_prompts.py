@@ -125,3 +125,103 @@ async def test_health_answers_while_a_prompt_is_tokenized(make_app):
             tokenizer.gate.set()
         r = await chat
     assert r.status_code == 200 and tokenizer.finished.is_set()
+
+
+def _tool(name: str, description: str = "", schema: dict | None = None) -> dict:
+    function = {"name": name, "description": description}
+    if schema is not None:
+        function["parameters"] = schema
+    return {"type": "function", "function": function}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [_tool("big", "d" * (CONTEXT * CHARS_PER_TOKEN_BOUND))]}, "tools"),
+        (
+            {
+                "tools": [
+                    _tool(
+                        "big",
+                        schema={
+                            "type": "object",
+                            "properties": {f"p{i}": {"type": "string"} for i in range(10_000)},
+                        },
+                    )
+                ]
+            },
+            "tools",
+        ),
+        ({"tools": [_tool(f"t{i}", "x" * 100) for i in range(2_000)]}, "tools"),
+    ],
+)
+def test_tools_count_against_the_size_bound(extra: dict, param: str) -> None:
+    body = ChatCompletionRequest.model_validate(chat_body(**extra))
+    with pytest.raises(APIError) as info:
+        check_prompt_size(body, CONTEXT)
+    assert info.value.param == param and info.value.code == "context_length_exceeded"
+
+
+def test_tool_call_arguments_and_names_count_against_the_size_bound() -> None:
+    limit = CONTEXT * CHARS_PER_TOKEN_BOUND
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "a" * limit}}
+    body = ChatCompletionRequest.model_validate(
+        {
+            "model": MODEL,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+            ],
+        }
+    )
+    with pytest.raises(APIError) as info:
+        check_prompt_size(body, CONTEXT)
+    assert info.value.param == "messages"
+    named = ChatCompletionRequest.model_validate(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi", "name": "n" * limit}]}
+    )
+    with pytest.raises(APIError):
+        check_prompt_size(named, CONTEXT)
+
+
+async def test_count_tokens_with_thousands_of_tools_is_refused_before_tokenizing(
+    make_app, monkeypatch
+) -> None:
+    engine = FakeEngine(context_length=CONTEXT)
+
+    def never(*args, **kwargs):
+        raise AssertionError("tokenized")
+
+    monkeypatch.setattr(engine.tokenizer, "apply_chat_template", never)
+    app = make_app(engine)
+    tools = [
+        {"name": f"t{i}", "description": "x" * 100, "input_schema": {"type": "object"}}
+        for i in range(2_000)
+    ]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+        r = await c.post("/v1/messages/count_tokens", json=body)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        arguments = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "a" * 10**6}}
+        ]}  # fmt: skip
+        r = await c.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}, arguments]},
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
+def test_a_text_part_without_text_is_a_missing_parameter() -> None:
+    body = ChatCompletionRequest.model_validate(
+        {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}]}
+    )
+    from server.prompts import message_text
+
+    with pytest.raises(APIError) as info:
+        message_text(body.messages[0], 0)
+    assert info.value.param == "messages[0].content[0].text"
+    assert info.value.code == "missing_required_parameter"
+    assert "Missing required parameter" in info.value.message

@@ -277,3 +277,12 @@ async def test_auto_tool_choice_without_tools_is_the_default(client):
     r = await client.post(RESPONSES, json=body(tool_choice="auto", tools=[]))
     assert r.status_code == 200, r.text
     assert r.json()["tool_choice"] == "auto" and r.json()["tools"] == []
+
+
+async def test_an_input_text_part_without_text_is_a_missing_parameter(client):
+    item = {"role": "user", "content": [{"type": "input_text"}]}
+    r = await client.post(RESPONSES, json={"model": MODEL, "input": [item]})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "input[0].content[0].text"
+    assert error["code"] == "missing_required_parameter"

@@ -1,5 +1,6 @@
 """Graceful shutdown of ``mtplx serve``: SIGTERM with streams in flight lets short ones
-finish, ends the rest with an error event, every stream ends with ``[DONE]``, exit 0."""
+finish, ends the rest with an error event, every stream ends with ``[DONE]``, exit 0; a
+second SIGINT ends every stream at once with that error event and exits 130."""
 
 from __future__ import annotations
 
@@ -96,3 +97,34 @@ def test_signal_drains_streams_and_exits_zero(
             assert last["choices"][0]["finish_reason"] == "length"
             endings.append("finish")
     assert sorted(endings) == ["error", "error", "finish"]
+
+
+def test_second_sigint_ends_streams_with_an_error_event_and_exits_non_zero(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "server.log"
+    process, url = _start(tiny_checkpoint, log, shutdown_timeout=60)
+    try:
+        results: list[list[str]] = []
+        started = [threading.Event() for _ in range(2)]
+        threads = [
+            threading.Thread(target=_stream, args=(url, 4000, results, event)) for event in started
+        ]
+        for thread in threads:
+            thread.start()
+        for event in started:
+            assert event.wait(30)
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # the first one starts the graceful drain
+        process.send_signal(signal.SIGINT)
+        for thread in threads:
+            thread.join(30)
+        assert process.wait(30) == 130, log.read_text()[-2000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert len(results) == 2
+    for payloads in results:
+        assert payloads[-1] == "[DONE]"
+        assert json.loads(payloads[-2])["error"]["code"] == "server_shutting_down"
+    assert "interrupted twice" in log.read_text() and "Traceback" not in log.read_text()

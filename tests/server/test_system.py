@@ -251,3 +251,15 @@ async def test_requests_while_draining_say_shutting_down_not_loading(make_app):
             assert error["code"] == "server_shutting_down", (path, error)
             assert "loading" not in error["message"]
             assert "Retry-After" not in r.headers
+
+
+@pytest.mark.parametrize("path", ["/health", "/metrics", "/v1/models", f"/v1/models/{MODEL}"])
+async def test_head_on_get_routes_is_200(client, path):
+    r = await client.head(path)
+    assert r.status_code == 200
+    assert r.headers["content-type"] == (await client.get(path)).headers["content-type"]
+
+
+async def test_head_is_not_in_the_openapi_schema(client):
+    paths = (await client.get("/openapi.json")).json()["paths"]
+    assert "head" not in paths["/health"] and "get" in paths["/health"]

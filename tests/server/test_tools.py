@@ -21,6 +21,7 @@ from server.tools import (
     LLAMA,
     ToolPlan,
     call_style,
+    hoist_definitions,
     parse_tool_calls,
     render_conversation,
 )
@@ -258,3 +259,58 @@ def test_object_parameters_are_accepted(parameters: dict[str, Any] | None) -> No
         {"type": "function", "function": {"name": "f", "parameters": parameters}}
     )
     assert tool.function.parameters == parameters
+
+
+def test_defs_and_refs_move_to_the_root_of_the_call_grammar() -> None:
+    parameters = {
+        "type": "object",
+        "properties": {
+            "home": {"$ref": "#/$defs/Address"},
+            "old": {"$ref": "#/definitions/Place"},
+            "default": {"$ref": "#/properties/home"},  # a property called "default"
+            "tag": {"const": {"$ref": "#/not/a/schema"}},  # data: left alone
+        },
+        "$defs": {"Address": {"type": "object", "properties": {"next": {"$ref": "#"}}}},
+        "definitions": {"Place": {"type": "string"}},
+    }
+    definitions: dict[str, Any] = {}
+    assert hoist_definitions(parameters, "tool0", definitions) == {"$ref": "#/$defs/tool0"}
+    root = definitions["tool0"]["properties"]
+    assert root["home"] == {"$ref": "#/$defs/tool0.defs.Address"}
+    assert root["old"] == {"$ref": "#/$defs/tool0.definitions.Place"}
+    assert root["default"] == {"$ref": "#/$defs/tool0/properties/home"}
+    assert root["tag"] == {"const": {"$ref": "#/not/a/schema"}}
+    assert definitions["tool0.defs.Address"]["properties"]["next"] == {"$ref": "#/$defs/tool0"}
+    assert definitions["tool0.definitions.Place"] == {"type": "string"}
+    plain = {"type": "object", "properties": {"a": {"type": "string"}}}
+    assert hoist_definitions(plain, "tool1", definitions) == plain
+
+
+@pytest.mark.parametrize("style", [GENERIC, HERMES, LLAMA, DEEPSEEK])
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_tool_schemas_with_defs_compile_in_every_style(style: str, choice: str) -> None:
+    address = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    }
+    tools = tuple(
+        Tool.model_validate(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"home": {"$ref": "#/$defs/Address"}},
+                        "required": ["home"],
+                        "$defs": {"Address": address},
+                    },
+                },
+            }
+        )
+        for name in ("a", "b")
+    )
+    spec = ToolPlan(tools, choice, None, True, style).grammar()
+    if spec is not None:
+        check_grammar(spec)
