@@ -51,6 +51,8 @@ class MtplxOptions(_Strict):
     grammar: str | None = None  # ... or to this Lark grammar
     # Constrained text completes within max_tokens (the budget rule); false: it may be cut.
     close_within_max_tokens: bool = True
+    # The calls one reply may make with parallel tool calls (server.tools.MAX_TOOL_CALLS).
+    max_tool_calls: int | None = Field(None, ge=1, le=64)
 
 
 class StreamOptions(_Strict):

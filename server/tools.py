@@ -30,7 +30,7 @@ from mtplx.grammar import GrammarSpec
 from server.errors import APIError
 from server.prompts import message_text
 from server.schemas import ChatCompletionRequest, ChatMessage, Tool
-from server.structured import JSON_OPTIONS, grammar_for
+from server.structured import JSON_OPTIONS, declared_properties_only, grammar_for
 
 __all__ = [
     "ToolPlan",
@@ -53,18 +53,31 @@ HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 # Where a tool call may begin in the middle of the text (a streamed reply holds text back
 # from here on); a JSON call must begin the reply.
 CALL_MARKERS = ("<tool_call>", "<|python_tag|>", DS_CALLS)
+# Calls one reply may make when parallel calls are on, unless the request says otherwise
+# (``mtplx.max_tool_calls``): a small model that repeats a call is not asked for more.
+MAX_TOOL_CALLS = 8
 
 
 @dataclass(frozen=True)
 class ToolPlan:
     """How one request uses tools: ``choice`` is ``auto``, ``required`` or ``function``
-    (then ``name`` is the function); ``style`` the call syntax (native or generic)."""
+    (then ``name`` is the function); ``style`` the call syntax (native or generic);
+    ``max_calls`` the calls one reply may make with parallel calls (None: MAX_TOOL_CALLS);
+    ``call_limit`` what holds."""
 
     tools: tuple[Tool, ...]
     choice: str
     name: str | None
     parallel: bool
     style: str
+    max_calls: int | None = None
+
+    @property
+    def call_limit(self) -> int:
+        """Calls one reply may make: one for a named function or without parallel calls."""
+        if self.choice == "function" or not self.parallel:
+            return 1
+        return self.max_calls or MAX_TOOL_CALLS
 
     @property
     def native(self) -> bool:
@@ -89,8 +102,11 @@ class ToolPlan:
                 "type": "object",
                 "properties": {
                     "name": {"const": t.function.name},
+                    # Only the declared arguments, unless the schema allows others.
                     key: hoist_definitions(
-                        t.function.parameters or {"type": "object"}, f"tool{i}", definitions
+                        declared_properties_only(t.function.parameters or {"type": "object"}),
+                        f"tool{i}",
+                        definitions,
                     ),
                 },
                 "required": ["name", key],
@@ -103,12 +119,17 @@ class ToolPlan:
         if self.style == HERMES:
             schema = json.dumps({**call, **root, "x-guidance": JSON_OPTIONS})
             one = f'"<tool_call>\\n" %json {schema} "\\n</tool_call>"'
-            rule = f"call: {one}\nstart: call" + (' ("\\n" call)*' if self.parallel else "")
+            limit = self.call_limit
+            more = f' ("\\n" call){{0,{limit - 1}}}' if limit > 1 else ""
+            rule = f"call: {one}\nstart: call{more}"
             return GrammarSpec("lark", rule, param="tool_choice")
         if self.style == GENERIC:
-            items: dict[str, Any] = {"type": "array", "items": call, "minItems": 1}
-            if not self.parallel:
-                items["maxItems"] = 1
+            items: dict[str, Any] = {
+                "type": "array",
+                "items": call,
+                "minItems": 1,
+                "maxItems": self.call_limit,
+            }
             call = {
                 "type": "object",
                 "properties": {"tool_calls": items},
@@ -243,12 +264,15 @@ def plan_tools(body: ChatCompletionRequest, tokenizer: Any) -> ToolPlan | None:
     names = [t.function.name for t in body.tools]
     if len(set(names)) != len(names):
         raise APIError(400, "tool names must be unique", param="tools", code="invalid_value")
+    parallel = body.parallel_tool_calls is not False
+    most = body.mtplx.max_tool_calls if body.mtplx is not None else None
     return ToolPlan(
         tools=tuple(body.tools),
         choice="function" if name else (choice or "auto"),  # type: ignore[arg-type]
         name=name,
-        parallel=body.parallel_tool_calls is not False,
+        parallel=parallel,
         style=call_style(tokenizer),
+        max_calls=most,
     )
 
 
@@ -382,12 +406,32 @@ def _json_calls(text: str, names: set[str]) -> list[dict[str, Any]] | None:
     try:
         value = json.loads(text)
     except ValueError:
-        return None
+        value = _complete_items(text)
+        if value is None:
+            return None
     if isinstance(value, dict) and "tool_calls" in value:
         value = value["tool_calls"]
     values = value if isinstance(value, list) else [value]
     calls = [_call(v, names) for v in values]
     return calls if calls and all(calls) else None  # type: ignore[return-value]
+
+
+def _complete_items(text: str) -> list[Any] | None:
+    """The complete calls of a JSON list of calls that was cut (``[{...}, {...}, {"na`` or
+    ``{"tool_calls": [{...}, {"na``), None when there is none: what max_tokens cut is
+    dropped, the calls before it stand."""
+    match = re.match(r'\s*(?:\{\s*"tool_calls"\s*:\s*)?\[', text)
+    if match is None:
+        return None
+    decoder, items, at = json.JSONDecoder(), [], match.end()
+    while True:
+        at = len(text) - len(text[at:].lstrip(" \n\t,"))
+        try:
+            item, at = decoder.raw_decode(text, at)
+        except ValueError:
+            break
+        items.append(item)
+    return items or None
 
 
 def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[str, Any]]]:
@@ -400,6 +444,8 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[s
     if "<tool_call>" in text:
         start = text.index("<tool_call>")
         found = [_json_calls(m.group(1), names) for m in HERMES_CALL.finditer(text, start)]
+        if found and found[-1] is None and not text.rstrip().endswith("</tool_call>"):
+            found.pop()  # a call cut by max_tokens: the complete ones before it stand
         calls = [c for group in found if group for c in group] if all(found) else None
     elif DS_CALLS in text:
         start = text.index(DS_CALLS)
@@ -417,8 +463,7 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict[s
             calls = _json_calls(stripped, names)
     if not calls:
         return text, []
-    if not plan.parallel:
-        calls = calls[:1]
+    calls = calls[: plan.call_limit]
     content = text[:start].strip()
     return content or None, calls
 

@@ -19,6 +19,7 @@ from server.tools import (
     GENERIC,
     HERMES,
     LLAMA,
+    MAX_TOOL_CALLS,
     ToolPlan,
     call_style,
     hoist_definitions,
@@ -314,3 +315,35 @@ def test_tool_schemas_with_defs_compile_in_every_style(style: str, choice: str) 
     spec = ToolPlan(tools, choice, None, True, style).grammar()
     if spec is not None:
         check_grammar(spec)
+
+
+def test_calls_complete_before_a_cut_are_kept() -> None:
+    """max_tokens cut the last call: the complete ones before it stand (JSON and Hermes)."""
+    call = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    cut = '{"name": "get_weather", "arguments": {"ci'
+    for style, text in (
+        (GENERIC, f'{{"tool_calls": [{call}, {call}, {cut}'),
+        (GENERIC, f"[{call}, {cut}"),
+        (HERMES, f"<tool_call>\n{call}\n</tool_call>\n<tool_call>\n{cut}"),
+    ):
+        content, calls = parse_tool_calls(text, plan(style))
+        assert calls and all(
+            json.loads(c["function"]["arguments"]) == {"city": "Oslo"} for c in calls
+        ), (style, text)
+        assert not content
+    # Text that only looks like a list is still text.
+    assert parse_tool_calls("[1, 2] is a list", plan(GENERIC)) == ("[1, 2] is a list", [])
+
+
+def test_tool_grammars_admit_declared_arguments_only_and_a_bounded_number_of_calls() -> None:
+    required = json.loads(plan(GENERIC, "required").grammar().source)
+    items = required["properties"]["tool_calls"]
+    assert items["maxItems"] == MAX_TOOL_CALLS
+    arguments = items["items"]["properties"]["arguments"]
+    assert arguments["additionalProperties"] is False  # the schema said nothing of others
+    single = ToolPlan((WEATHER,), "function", "get_weather", True, GENERIC)
+    schema = json.loads(single.grammar().source)
+    assert schema["properties"]["tool_calls"]["maxItems"] == 1  # a named function: one call
+    hermes = ToolPlan((WEATHER,), "required", None, True, HERMES, max_calls=3)
+    assert '("\\n" call){0,2}' in hermes.grammar().source
+    assert "call{" not in ToolPlan((WEATHER,), "required", None, False, HERMES).grammar().source
