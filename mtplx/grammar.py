@@ -28,7 +28,7 @@ import numpy as np
 
 from mtplx import grammar_budget, grammar_check
 from mtplx.errors import InvalidParameter
-from mtplx.grammar_budget import ClosingIndex, closing_text, closing_tokens
+from mtplx.grammar_budget import ClosingIndex, Word, closing_text, closing_tokens, schema_words
 
 __all__ = [
     "MAX_GRAMMAR_CHARS",
@@ -50,8 +50,9 @@ MAX_GRAMMAR_CHARS = 262_144
 # and overflows a default 8 MiB stack at a few thousand levels (a segfault, not an error).
 # Grammars are compiled on one thread whose stack holds every grammar of MAX_GRAMMAR_CHARS
 # (address space only: untouched pages are never committed).
-_GRAMMAR_STACK_BYTES = 1 << 30
+_GRAMMAR_STACK_BYTES = grammar_check.STACK_BYTES
 _MAX_MESSAGE_CHARS = 400
+_MAX_WORDS = 32  # property names the closing walk tries (mtplx.grammar_budget)
 # Grammars longer than this are checked in a process of their own, killed past
 # GRAMMAR_CHECK_SECONDS: some compile in time that grows as a power of their size.
 ISOLATE_ABOVE_CHARS = 2_048
@@ -126,7 +127,7 @@ def _plain(message: str) -> str:
             break
         if line.strip():
             lines.append(line.strip())
-    text = " ".join(lines) or "invalid"
+    text = " ".join(lines).replace("<non-verbose/>", "").strip() or "invalid"
     return text if len(text) <= _MAX_MESSAGE_CHARS else text[:_MAX_MESSAGE_CHARS] + "..."
 
 
@@ -272,8 +273,12 @@ class GrammarCompiler:
         matcher = self.compile(spec)
         eos = list(self._ll_tokenizer.eos_tokens)
         index = None if budget is None else self._closing()
+        words: tuple[Word, ...] = ()
+        if index is not None and spec.kind == "json_schema":
+            names = schema_words(json.loads(spec.source))[:_MAX_WORDS]
+            words = tuple(Word.of(name, self._ll_tokenizer) for name in names)
         return GrammarState(
-            matcher.deep_copy(), self.vocab_size, stop_ids, eos, budget, index, spec.param
+            matcher.deep_copy(), self.vocab_size, stop_ids, eos, budget, index, spec.param, words
         )
 
     def _closing(self) -> ClosingIndex:
@@ -297,6 +302,7 @@ class GrammarState:
         budget: int | None = None,
         closing: ClosingIndex | None = None,
         param: str = "grammar",
+        words: tuple[Word, ...] = (),
     ) -> None:
         """``budget``: the output tokens the text must complete within (the budget rule of
         ``mtplx.grammar_budget``, with the tokenizer's ``closing`` index), None for none."""
@@ -304,6 +310,7 @@ class GrammarState:
         self.param = param  # the API field the grammar came from, for errors
         self.budget = budget if closing is not None else None
         self.closing = closing
+        self.words = words  # the schema's property names, for the closing walk
         self.vocab_size = vocab_size
         self.stop_ids = sorted(t for t in set(stop_ids) if 0 <= t < vocab_size)
         self.grammar_eos = [t for t in grammar_eos if 0 <= t < vocab_size]
@@ -345,7 +352,7 @@ class GrammarState:
         assert self.budget is not None and self.closing is not None
         margin = grammar_budget.CLOSING_MARGIN
         left = self.budget - self.num_consumed  # this token included
-        closing = closing_text(self.matcher, self.closing, limit=left)
+        closing = closing_text(self.matcher, self.closing, limit=left, words=self.words)
         if closing is None or left > len(closing) + margin:
             return allowed
         keep = np.zeros_like(allowed)

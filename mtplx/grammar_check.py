@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 
 
 def llguidance_grammar(kind: str, source: str) -> str:
@@ -40,10 +41,22 @@ def check(kind: str, source: str) -> tuple[str, str | None]:
     return grammar, (messages[0] if messages else "invalid") if is_error else None
 
 
+# As on the server's grammar thread: llguidance's recursive descent needs a deep stack.
+STACK_BYTES = 1 << 30
+
+
 def main() -> None:
     request = json.load(sys.stdin)
-    grammar, error = check(request["kind"], request["source"])
-    json.dump({"grammar": grammar, "error": error}, sys.stdout)
+    result: dict[str, str | None] = {}
+
+    def run() -> None:
+        result["grammar"], result["error"] = check(request["kind"], request["source"])
+
+    threading.stack_size(STACK_BYTES)
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    json.dump(result, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -211,7 +211,8 @@ def test_a_grammar_too_slow_to_compile_is_refused_in_bounded_time(
     with pytest.raises(InvalidParameter, match="too long to compile") as caught:
         check_grammar(spec)
     assert caught.value.code == "grammar_too_complex"
-    # Large but quick grammars pass through the same process check.
+    # Large but quick grammars pass through the same process check (a limit no load reaches).
+    monkeypatch.setattr(mtplx.grammar, "GRAMMAR_CHECK_SECONDS", 120.0)
     check_grammar(GrammarSpec("lark", "start: " + " | ".join(f'"t{i}"' for i in range(400))))
 
 
@@ -242,7 +243,7 @@ def test_state_masks_stop_tokens_and_rollback(small_engine: Engine) -> None:
     state.rollback(3)  # back to after "!"
     assert not state.finished and state.num_consumed == 1
     assert set(np.flatnonzero(state.allowed())) == {0, 1, STOP}
-    with pytest.raises(ValueError, match="not allowed"):
+    with pytest.raises(ValueError, match="failed at token 5"):
         state.consume(5)
 
 
