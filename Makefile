@@ -37,7 +37,8 @@ test: $(STAMP)
 test-e2e: $(STAMP) browser haproxy
 	$(BIN)/python -m pytest -m e2e
 
-# The longest statistical runs (chi-square tests with many more samples).
+# The longest runs: per-case engine chi-square tests (1,500 generations each) and full-length
+# greedy equality on every family; the default tier keeps a representative of each.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
