@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-llamacpp browser haproxy test test-slow test-docker serve bench lint format clean soak
+.PHONY: install install-llamacpp browser haproxy test test-slow test-e2e test-all test-docker serve bench lint format clean soak
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,11 +26,25 @@ browser:
 haproxy:
 	sh scripts/install_haproxy.sh
 
-test: $(STAMP) browser haproxy
+# The tiers (markers in pyproject.toml). `make test`: every exactness test, the server
+# against the real engine and live single-server checks (<= 8 minutes on 2 cores).
+test: $(STAMP)
 	$(BIN)/python -m pytest
 
+# Live multi-process and browser checks: two pipeline ranks under mlx.launch, two replicas
+# behind a real HAProxy, the chat page in headless Chromium, the docs' examples against a
+# live server.
+test-e2e: $(STAMP) browser haproxy
+	$(BIN)/python -m pytest -m e2e
+
+# The longest runs: per-case engine chi-square tests (1,500 generations each) and full-length
+# greedy equality on every family; the default tier keeps a representative of each.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
+
+# Every tier.
+test-all: $(STAMP) browser haproxy
+	$(BIN)/python -m pytest -m ''
 
 # Build docker/Dockerfile and check the image for real (needs root or a running Docker daemon;
 # not part of `make test`). BASE_IMAGE=... picks the base; see README, Docker.

@@ -1,7 +1,7 @@
 """Exact speculative sampling: the sampler settings, the target/draft distributions and the
 accept / recover / bonus rule.
 
-Glossary (DESIGN.md):
+Glossary (docs/architecture.md):
 
 - draft tokens: proposed by a drafter, each with its proposal distribution q.
 - target distribution p: the target model's next-token distribution after the request's

@@ -1,6 +1,6 @@
 """Async facade over the one engine thread, with continuous batching.
 
-MLX work must stay on one thread (DESIGN.md), so a dedicated worker thread owns the engine:
+MLX work stays on one thread (docs/architecture.md): a dedicated worker thread owns the engine:
 it builds it (``engine_factory`` runs on that thread, so loading and generating share it),
 then runs the engine's step loop. Every step it admits waiting tickets' requests into the
 running batch while the engine has room (``max_num_seqs``), drops the rows of cancelled or

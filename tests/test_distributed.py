@@ -198,6 +198,7 @@ def one_rank_outputs(llama_mtp_checkpoint, tmp_path_factory):
         return _outputs(url)
 
 
+@pytest.mark.e2e  # two ranks under mlx.launch: `make test-e2e`
 def test_two_ranks_match_one_rank_and_stop_cleanly(
     llama_mtp_checkpoint, one_rank_outputs, tmp_path
 ):
@@ -240,6 +241,7 @@ def _stream_until_error(url: str, kill: callable) -> tuple[list[dict], float]:
     return events, time.monotonic() - killed_at
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("fault", ["killed", "hung"])
 def test_a_lost_worker_fails_requests_with_503_and_rank_0_exits_non_zero(
     llama_mtp_checkpoint, tmp_path, fault
@@ -283,7 +285,7 @@ def _exits(pid: int, timeout: float) -> bool:
     return False
 
 
-@pytest.mark.slow  # a fourth two-rank start (~30-50 s): `make test-slow`
+@pytest.mark.e2e
 def test_a_worker_killed_while_idle_is_a_failure_not_a_normal_stop(llama_mtp_checkpoint, tmp_path):
     # mlx.launch SIGTERMs rank 0 as soon as a rank exits non-zero, before any heartbeat
     # notices: the stop that follows must find the worker gone and fail the command.

@@ -30,6 +30,7 @@ SIGNIFICANCE = 1e-3
 SMALL_VOCAB = 12  # token i is the byte symbol "!\"#$%&'()*+,"[i]
 NUM_GENERATED = 3
 NUM_RUNS = 1500
+SLOW = pytest.mark.slow  # the longest chi-square runs: `make test-slow`
 DRAFTERS = ("none", "mtp", "draft_model", "ngram", "mtp+ngram")
 
 # Over the small vocabulary: '!' = 0, '"' = 1, '#' = 2, '$' = 3, '%' = 4, ',' = 11.
@@ -293,16 +294,31 @@ def _exact_constrained(
     return {sequence: done.get(sequence, 0.0) for sequence in every}
 
 
+# 1,500 engine runs a case: the default tier keeps the lookup-first case (both drafters of a
+# mix, a grammar that finishes) beside the negative control below; the others run in
+# `make test-slow`.
 @pytest.mark.parametrize(
     "drafter, config, grammar",
     [
-        ("none", SamplerConfig(temperature=0.8), "finishing"),
-        ("mtp", SamplerConfig(temperature=0.9, top_k=3), "finishing"),
-        ("draft_model", SamplerConfig(temperature=1.0, presence_penalty=0.7), "open"),
-        ("ngram", SamplerConfig(temperature=0.7), "open"),
-        ("mtp+ngram", SamplerConfig(temperature=0.9, top_p=0.9), "finishing"),
+        pytest.param("none", SamplerConfig(temperature=0.8), "finishing", id="plain", marks=SLOW),
+        pytest.param(
+            "mtp", SamplerConfig(temperature=0.9, top_k=3), "finishing", id="mtp-topk", marks=SLOW
+        ),
+        pytest.param(
+            "draft_model",
+            SamplerConfig(temperature=1.0, presence_penalty=0.7),
+            "open",
+            id="draft-penalty",
+            marks=SLOW,
+        ),
+        pytest.param("ngram", SamplerConfig(temperature=0.7), "open", id="ngram", marks=SLOW),
+        pytest.param(
+            "mtp+ngram",
+            SamplerConfig(temperature=0.9, top_p=0.9),
+            "finishing",
+            id="lookup-first-topp",
+        ),
     ],
-    ids=["plain", "mtp-topk", "draft-penalty", "ngram", "lookup-first-topp"],
 )
 def test_constrained_sampling_follows_plain_constrained_decoding(
     small_engine: Engine, drafter: str, config: SamplerConfig, grammar: str

@@ -170,6 +170,7 @@ def test_drafter_state_matches_committed_history(
 SMALL_VOCAB = 12
 NUM_GENERATED = 3
 NUM_RUNS = 1500
+SLOW = pytest.mark.slow  # the longest chi-square runs: `make test-slow`
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +201,7 @@ def small_vocab_reduced_draft_engine(tmp_path_factory: pytest.TempPathFactory) -
     return Engine(model)
 
 
+@pytest.mark.slow  # 1,500 engine runs; the rule with any q stays in the default tier
 def test_reduced_draft_vocabulary_follows_plain_decoding_distribution(
     small_vocab_reduced_draft_engine: Engine,
 ) -> None:
@@ -258,23 +260,42 @@ def _chi_square_pvalue(observed: dict, exact: dict, num_runs: int) -> float:
     return stats.chisquare(observed_counts, expected_counts).pvalue
 
 
+# One request at a time through the engine, 1,500 runs a case. The default tier keeps the
+# lookup-first case (both drafters of a mix); every drafter's statistics in the default tier
+# also come from tests/test_engine_batching.py (rows of different drafters and samplers in
+# one batch) and the rule's from tests/test_sampling.py (30,000 sequences verified at once).
+# The other cases run in `make test-slow`.
 @pytest.mark.parametrize(
     "drafter, config",
     [
-        ("none", SamplerConfig(temperature=0.8)),
-        ("mtp", SamplerConfig(temperature=0.8, top_k=6, top_p=0.9)),
-        ("draft_model", SamplerConfig(temperature=1.0, min_p=0.05, repetition_penalty=1.3)),
-        ("ngram", SamplerConfig(temperature=0.7, frequency_penalty=0.8, presence_penalty=0.5)),
-        ("mtp", SamplerConfig(temperature=1.1, presence_penalty=1.0, top_k=8)),
-        ("mtp+ngram", SamplerConfig(temperature=0.9, top_p=0.95)),
-    ],
-    ids=[
-        "plain",
-        "mtp-topk-topp",
-        "draft-minp-repetition",
-        "ngram-penalties",
-        "mtp-penalties",
-        "lookup-first-topp",
+        pytest.param("none", SamplerConfig(temperature=0.8), id="plain", marks=SLOW),
+        pytest.param(
+            "mtp",
+            SamplerConfig(temperature=0.8, top_k=6, top_p=0.9),
+            id="mtp-topk-topp",
+            marks=SLOW,
+        ),
+        pytest.param(
+            "draft_model",
+            SamplerConfig(temperature=1.0, min_p=0.05, repetition_penalty=1.3),
+            id="draft-minp-repetition",
+            marks=SLOW,
+        ),
+        pytest.param(
+            "ngram",
+            SamplerConfig(temperature=0.7, frequency_penalty=0.8, presence_penalty=0.5),
+            id="ngram-penalties",
+            marks=SLOW,
+        ),
+        pytest.param(
+            "mtp",
+            SamplerConfig(temperature=1.1, presence_penalty=1.0, top_k=8),
+            id="mtp-penalties",
+            marks=SLOW,
+        ),
+        pytest.param(
+            "mtp+ngram", SamplerConfig(temperature=0.9, top_p=0.95), id="lookup-first-topp"
+        ),
     ],
 )
 def test_first_tokens_follow_plain_decoding_distribution(

@@ -3,9 +3,9 @@ selenium) against the app served over TCP on the fake engine: a streamed reply a
 figures, the settings reaching the request, the stop button, the API key asked once and
 kept, and the Markdown renderer keeping model text out of the HTML parser.
 
-``make install`` provides chromium where it can (scripts/install_browser.sh). Without it the
-tests are skipped on a developer's machine but fail under CI (``CI`` set), so CI cannot
-pass without running them."""
+``make test-e2e`` runs them and provides chromium where it can (scripts/install_browser.sh).
+Without it the tests are skipped on a developer's machine but fail under CI (``CI`` set),
+so CI cannot pass without running them."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ from typing import Any
 
 import pytest
 import uvicorn
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from mtplx.scheduler import Scheduler
 from server.app import create_app
@@ -29,20 +35,17 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 KEY = "page-key"
 
-if not (CHROMIUM and CHROMEDRIVER):
-    if os.environ.get("CI"):
-        pytest.fail("chromium and chromedriver are needed (make install provides them)")
-    pytest.skip(
-        "chromium / chromedriver not installed (scripts/install_browser.sh)",
-        allow_module_level=True,
-    )
+pytestmark = pytest.mark.e2e  # a real browser: `make test-e2e`
 
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.options import Options  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
+
+def _need_browser() -> None:
+    """Fail under CI, skip elsewhere, when chromium or chromedriver is missing (checked when
+    the tests run, so that deselecting them needs no browser)."""
+    if CHROMIUM and CHROMEDRIVER:
+        return
+    if os.environ.get("CI"):
+        pytest.fail("chromium and chromedriver are needed (make test-e2e provides them)")
+    pytest.skip("chromium / chromedriver not installed (scripts/install_browser.sh)")
 
 
 class Served:
@@ -86,6 +89,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    _need_browser()
     options = Options()
     options.binary_location = CHROMIUM
     for flag in (

@@ -6,7 +6,7 @@ The bars of the replicas set-up: 16 concurrent streams through the balancer all 
 4-turn conversation with one ``X-Session-Id`` lands on one replica, whose prefix cache serves
 turns 2-4 while the other replica sees none of it; a replica whose /health answers 503 (its
 model still loading) gets no traffic until it is ready. HAProxy comes from Debian
-(scripts/install_haproxy.sh, run by ``make test``); without it these tests fail.
+(scripts/install_haproxy.sh, run by ``make test-e2e``); without it these tests fail.
 """
 
 from __future__ import annotations
@@ -46,12 +46,14 @@ SESSION = "X-Session-Id"
 CHAT = "/v1/chat/completions"
 STREAMS = 16
 
+pytestmark = pytest.mark.e2e  # live processes (two replicas, HAProxy): `make test-e2e`
+
 
 def haproxy() -> str:
     """The haproxy binary (Debian puts it in /usr/sbin, which a user's PATH may lack)."""
     found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
     if found is None:
-        pytest.fail("haproxy is needed: `make test` installs it (scripts/install_haproxy.sh)")
+        pytest.fail("haproxy is needed: `make test-e2e` installs it (scripts/install_haproxy.sh)")
     return found
 
 
