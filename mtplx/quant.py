@@ -236,9 +236,7 @@ def _nanobind_object(cxx: str, nb: Path, includes: list[str]) -> Path:
     flags = [*_CXX_FLAGS, "-DNB_BUILD", "-DNB_COMPACT_ASSERTIONS", *includes]
     source = nb / "src" / "nb_combined.cpp"
     key = hashlib.sha256(
-        "\n".join(
-            [cxx, " ".join(flags), (nb / "__init__.py").read_text(), sys.version]
-        ).encode()
+        "\n".join([cxx, " ".join(flags), (nb / "__init__.py").read_text(), sys.version]).encode()
     ).hexdigest()[:16]
     target = cache_dir() / f"nanobind-{key}.o"
     if not target.exists():
@@ -259,7 +257,9 @@ def load_extension() -> ModuleType:
             raise Unavailable(_failure)
         try:
             if sys.platform != "linux":
-                raise Unavailable(f"the CPU quantized kernel is built on Linux only ({sys.platform})")
+                raise Unavailable(
+                    f"the CPU quantized kernel is built on Linux only ({sys.platform})"
+                )
             path = build(kernel_variant())
             loader = importlib.machinery.ExtensionFileLoader("_mtplx_quant", str(path))
             spec = importlib.util.spec_from_file_location("_mtplx_quant", path, loader=loader)
