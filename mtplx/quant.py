@@ -52,6 +52,7 @@ __all__ = [
     "load_extension",
     "qmm",
     "quant_info",
+    "runnable_variants",
     "set_threads",
 ]
 
@@ -99,6 +100,18 @@ _module: ModuleType | None = None
 _failure: str | None = None
 
 
+def runnable_variants(
+    features: frozenset[str] | None = None, machine: str | None = None
+) -> list[str]:
+    """The variants whose instructions this CPU runs, widest first (``portable`` last)."""
+    features = cpu_features() if features is None else features
+    machine = machine or platform.machine()
+    runnable = []
+    if machine in ("x86_64", "AMD64"):
+        runnable = [n for n in ("avx512", "avx2") if all(f in features for f in _VARIANTS[n][0])]
+    return [*runnable, "portable"]
+
+
 def kernel_variant(features: frozenset[str] | None = None, machine: str | None = None) -> str:
     """The variant this CPU runs: the widest whose features it reports, or the forced one."""
     forced = os.environ.get("MTPLX_QUANT_VARIANT", "").strip().lower()
@@ -106,13 +119,7 @@ def kernel_variant(features: frozenset[str] | None = None, machine: str | None =
         if forced not in _VARIANTS:
             raise Unavailable(f"MTPLX_QUANT_VARIANT={forced!r}: not one of {sorted(_VARIANTS)}")
         return forced
-    features = cpu_features() if features is None else features
-    machine = machine or platform.machine()
-    if machine in ("x86_64", "AMD64"):
-        for name in ("avx512", "avx2"):
-            if all(f in features for f in _VARIANTS[name][0]):
-                return name
-    return "portable"
+    return runnable_variants(features, machine)[0]
 
 
 def cache_dir() -> Path:
