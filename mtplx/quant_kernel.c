@@ -13,17 +13,13 @@
  * share its forward, so that speculative decoding and continuous batching give the tokens
  * plain decoding gives.
  *
- * Order (the invariance): an element's sum is split as
- *
- *     y = sum_k x_k (scale_g q_k)  +  sum_g bias_g (sum_{k in g} x_k).
- *
- * The first sum runs over "chunks" of 2 W consecutive k (W = the vector width: 8, or 16 for
- * AVX-512 builds) into W lanes: each chunk adds its first vector of W terms, then its second,
- * to the lanes with a multiply-add, chunks in ascending k; the lanes are then added in a
- * fixed halving tree. Which k of a chunk goes to which lane is fixed by the bit width (4-bit
- * chunks are unpacked even elements first, odd elements second, and x is permuted to match;
- * 8-bit chunks are in order). The second sum is a scalar multiply-add over g ascending of the
- * groups' x sums, each summed over k ascending. Every step depends on the element's own
+ * Order (the invariance): each weight is dequantized on its own, w = scale q + bias in one
+ * multiply-add, and an element's sum runs over "chunks" of 2 W consecutive k (W = the vector
+ * width: 8, or 16 for AVX-512 builds) into W lanes: each chunk adds its first vector of W
+ * terms, then its second, to the lanes with a multiply-add, chunks in ascending k; the lanes
+ * are then added in a fixed halving tree. Which k of a chunk goes to which lane is fixed by
+ * the bit width (4-bit chunks are unpacked even elements first, odd elements second, and x
+ * is permuted to match; 8-bit chunks are in order). Every step depends on the element's own
  * inputs only: how many rows or columns a call has, how they are tiled into registers and
  * which thread computes a column never changes a bit of it.
  *
@@ -95,13 +91,21 @@ static inline vf loadf(const float *p) {
 
 static inline vf splat(float s) { return (vf){0} + s; }
 
-/* The fixed tree over an element's W lanes: halves added lane-wise until one is left. */
+/* The fixed tree over an element's W lanes: the upper half added lane-wise to the lower
+ * half until one lane is left. */
+typedef float vh __attribute__((vector_size(W * 2)));
 static inline float reduce(vf v) {
-    float t[W];
-    memcpy(t, &v, sizeof t);
-    for (int width = W / 2; width >= 1; width /= 2)
-        for (int i = 0; i < width; i++) t[i] = t[i] + t[i + width];
-    return t[0];
+#if W == 16
+    vh h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    typedef float v4 __attribute__((vector_size(16)));
+    v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+#else
+    typedef float v4 __attribute__((vector_size(16)));
+    v4 q = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+#endif
+    const float a = q[0] + q[2], b = q[1] + q[3];
+    return a + b;
 }
 
 /* W consecutive bytes, zero-extended to W int32 lanes (one vpmovzxbd where there is one:
@@ -124,23 +128,24 @@ static inline vi widen(const uint8_t *p) {
 #endif
 }
 
-/* One chunk of a column's weights, unpacked and scaled: *a holds the chunk's first W
- * (lane order as described above), *b its second W. */
+/* One chunk of a column's weights, dequantized (w = scale * q + bias, one multiply-add):
+ * *a holds the chunk's first W (lane order as described above), *b its second W. */
 static inline __attribute__((always_inline)) void unpack(const uint8_t *p, const int bits,
-                                                          float scale, vf *a, vf *b) {
+                                                          float scale, float bias, vf *a,
+                                                          vf *b) {
+    const vf s = splat(scale), o = splat(bias);
     if (bits == 4) {
         vi v = widen(p);
-        *a = __builtin_convertvector(v & 15, vf) * scale;
-        *b = __builtin_convertvector(v >> 4, vf) * scale;
+        *a = vfma(__builtin_convertvector(v & 15, vf), s, o);
+        *b = vfma(__builtin_convertvector(v >> 4, vf), s, o);
     } else {
-        *a = __builtin_convertvector(widen(p), vf) * scale;
-        *b = __builtin_convertvector(widen(p + W), vf) * scale;
+        *a = vfma(__builtin_convertvector(widen(p), vf), s, o);
+        *b = vfma(__builtin_convertvector(widen(p + W), vf), s, o);
     }
 }
 
 typedef struct {
     const float *x;      /* [M, K] rows in chunk lane order (see prepare) */
-    const float *xsum;   /* [M, G] each group's x sum */
     const uint8_t *w;    /* [N, K * bits / 8] */
     const float *scales; /* [N, G] */
     const float *biases; /* [N, G] */
@@ -148,31 +153,14 @@ typedef struct {
     int M, N, K, G, bits, group;
 } qmm_t;
 
-/* The bias parts of a tile's elements and the stores: y = reduce(lanes) + sum_g bias_g
- * xsum_g, g ascending. The g loop is outside the element loops so that the tile's R x C
- * independent chains overlap; each element's own sequence of operations is unchanged. */
+/* The stores: each element's lanes reduced in the fixed tree. */
 static inline __attribute__((always_inline)) void finish_tile(const qmm_t *p, int m0,
                                                                const int R, int n0,
                                                                const int C, vf acc[][8]) {
-    float part[TILE_ROWS][8];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) part[r][c] = 0.0f;
-    for (int g = 0; g < p->G; g++) {
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            const float xs = p->xsum[(long)(m0 + r) * p->G + g];
-#pragma GCC unroll 8
-            for (int c = 0; c < C; c++)
-                part[r][c] = sfma(p->biases[(long)(n0 + c) * p->G + g], xs, part[r][c]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++)
-            p->y[(long)(m0 + r) * p->N + n0 + c] = reduce(acc[r][c]) + part[r][c];
+        for (int c = 0; c < C; c++) p->y[(long)(m0 + r) * p->N + n0 + c] = reduce(acc[r][c]);
 }
 
 /* Rows m0..m0+R, columns n0..n0+C, weights unpacked in registers. */
@@ -187,16 +175,19 @@ static inline __attribute__((always_inline)) void tile_direct(const qmm_t *p, co
         for (int c = 0; c < C; c++) acc[r][c] = (vf){0};
     const int per_group = p->group / SPAN;
     for (int g = 0; g < p->G; g++) {
-        float scale[8];
+        float scale[8], bias[8];
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) scale[c] = p->scales[(long)(n0 + c) * p->G + g];
+        for (int c = 0; c < C; c++) {
+            scale[c] = p->scales[(long)(n0 + c) * p->G + g];
+            bias[c] = p->biases[(long)(n0 + c) * p->G + g];
+        }
         for (int j = 0; j < per_group; j++) {
             const long k = ((long)g * per_group + j) * SPAN;
             vf a[8], b[8];
 #pragma GCC unroll 8
             for (int c = 0; c < C; c++)
                 unpack(p->w + (long)(n0 + c) * row_bytes + (k / SPAN) * chunk_bytes, bits,
-                       scale[c], &a[c], &b[c]);
+                       scale[c], bias[c], &a[c], &b[c]);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
                 const float *xr = p->x + (long)(m0 + r) * p->K + k;
@@ -253,10 +244,11 @@ static inline __attribute__((always_inline)) void unpack_panel(const qmm_t *p, c
         const uint8_t *wr = p->w + (long)(n0 + c) * row_bytes;
         for (int g = 0; g < p->G; g++) {
             const float scale = p->scales[(long)(n0 + c) * p->G + g];
+            const float bias = p->biases[(long)(n0 + c) * p->G + g];
             for (int j = 0; j < per_group; j++) {
                 const long chunk = (long)g * per_group + j;
                 vf a, b;
-                unpack(wr + chunk * chunk_bytes, bits, scale, &a, &b);
+                unpack(wr + chunk * chunk_bytes, bits, scale, bias, &a, &b);
                 memcpy(panel + (long)c * p->K + chunk * SPAN, &a, sizeof a);
                 memcpy(panel + (long)c * p->K + chunk * SPAN + W, &b, sizeof b);
             }
@@ -430,27 +422,20 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const float *scal
         return -1;
     if (M <= 0 || N <= 0) return 0;
     const int G = K / group;
-    float *xp = malloc(sizeof(float) * ((size_t)M * K + (size_t)M * G) + 64);
-    float *xsum = xp + (size_t)M * K;
-    for (int m = 0; m < M; m++) {
-        const float *xr = x + (long)m * K;
-        float *out = xp + (long)m * K;
-        if (bits == 4) { /* chunk lane order: even elements, then odd ones */
+    float *xp = NULL;
+    if (bits == 4) { /* x in chunk lane order: even elements, then odd ones */
+        xp = malloc(sizeof(float) * (size_t)M * K + 64);
+        for (int m = 0; m < M; m++) {
+            const float *xr = x + (long)m * K;
+            float *out = xp + (long)m * K;
             for (int k = 0; k < K; k += SPAN)
                 for (int l = 0; l < W; l++) {
                     out[k + l] = xr[k + 2 * l];
                     out[k + W + l] = xr[k + 2 * l + 1];
                 }
-        } else {
-            memcpy(out, xr, sizeof(float) * (size_t)K);
-        }
-        for (int g = 0; g < G; g++) {
-            float s = 0.0f;
-            for (int k = g * group; k < (g + 1) * group; k++) s = s + xr[k];
-            xsum[(long)m * G + g] = s;
         }
     }
-    qmm_t p = {xp, xsum, (const uint8_t *)w, scales, biases, y, M, N, K, G, bits, group};
+    qmm_t p = {xp ? xp : x, (const uint8_t *)w, scales, biases, y, M, N, K, G, bits, group};
     run(&p);
     free(xp);
     return 0;
