@@ -65,10 +65,10 @@ _EXT = _HERE / "quant_ext.cpp"
 # of every x86 vector variant, so they all fuse their multiply-adds (quant_kernel.c).
 _VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "avx512": (
-        ("avx512f", "avx512bw", "avx512vl", "avx2", "fma"),
-        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma"),
+        ("avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"),
     ),
-    "avx2": (("avx2", "fma"), ("-mavx2", "-mfma")),
+    "avx2": (("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
     "portable": ((), ()),
 }
 _C_FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-pthread", "-Wno-psabi")

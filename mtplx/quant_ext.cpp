@@ -25,8 +25,8 @@ namespace nb = nanobind;
 namespace mx = mlx::core;
 
 extern "C" {
-int mtplx_qmm(const float* x, int M, int K, const uint32_t* w, const float* scales,
-              const float* biases, int N, int bits, int group, float* y);
+int mtplx_qmm(const float* x, int M, int K, const uint32_t* w, const void* scales,
+              const void* biases, int half, int N, int bits, int group, float* y);
 void mtplx_qmm_set_threads(int threads);
 int mtplx_qmm_threads(void);
 unsigned long mtplx_qmm_split_calls(void);
@@ -61,8 +61,9 @@ class QuantizedRows : public mx::UnaryPrimitive {
                       b = mx::array::unsafe_weak_copy(biases),
                       y = mx::array::unsafe_weak_copy(out), M, K, N, bits = bits_,
                       group = group_]() mutable {
-      if (mtplx_qmm(x.data<float>(), M, K, w.data<uint32_t>(), s.data<float>(),
-                    b.data<float>(), N, bits, group, y.data<float>()) != 0) {
+      const int half = s.dtype() == mx::float16;
+      if (mtplx_qmm(x.data<float>(), M, K, w.data<uint32_t>(), s.data<void>(), b.data<void>(),
+                    half, N, bits, group, y.data<float>()) != 0) {
         throw std::runtime_error("mtplx quantized product: unsupported arguments");
       }
     });
@@ -106,8 +107,12 @@ mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales,
   auto stream = mx::default_stream(mx::Device::cpu);
   auto xf = mx::contiguous(mx::astype(x, mx::float32, stream), false, stream);
   auto wc = mx::contiguous(w, false, stream);
-  auto sc = mx::contiguous(mx::astype(scales, mx::float32, stream), false, stream);
-  auto bc = mx::contiguous(mx::astype(biases, mx::float32, stream), false, stream);
+  // float16 scales and biases are read as they are (exact), anything else as float32.
+  const auto params = scales.dtype() == mx::float16 && biases.dtype() == mx::float16
+                          ? mx::float16
+                          : mx::float32;
+  auto sc = mx::contiguous(mx::astype(scales, params, stream), false, stream);
+  auto bc = mx::contiguous(mx::astype(biases, params, stream), false, stream);
   mx::Shape shape = x.shape();
   shape.back() = N;
   return mx::array(shape, mx::float32, std::make_shared<QuantizedRows>(stream, bits, group_size),

@@ -57,8 +57,10 @@ typedef float vf __attribute__((vector_size(W * 4)));
 typedef int32_t vi __attribute__((vector_size(W * 4)));
 typedef uint8_t vb __attribute__((vector_size(W)));
 
-#if defined(__FMA__) || defined(__AVX512F__)
+#if defined(__FMA__) || defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+#if defined(__FMA__) || defined(__AVX512F__)
 #define MTPLX_FUSED 1
 #if W == 16
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
@@ -147,11 +149,28 @@ static inline __attribute__((always_inline)) void unpack(const uint8_t *p, const
 typedef struct {
     const float *x;      /* [M, K] rows in chunk lane order (see prepare) */
     const uint8_t *w;    /* [N, K * bits / 8] */
-    const float *scales; /* [N, G] */
-    const float *biases; /* [N, G] */
+    const void *scales; /* [N, G], float32 or float16 (half) */
+    const void *biases; /* [N, G], the same type */
     float *y;            /* [M, N] */
-    int M, N, K, G, bits, group;
+    int M, N, K, G, bits, group, half;
 } qmm_t;
+
+/* A scale or bias: float32, or float16 (half the bytes to read; GGUF's own scales are
+ * float16, so nothing is rounded). The conversion is exact either way. */
+static inline float param(const qmm_t *p, const void *base, long i) {
+    if (p->half) {
+        uint16_t h;
+        memcpy(&h, (const uint16_t *)base + i, sizeof h);
+#if defined(__F16C__)
+        return _cvtsh_ss(h);
+#else
+        _Float16 f;
+        memcpy(&f, &h, sizeof f);
+        return (float)f;
+#endif
+    }
+    return ((const float *)base)[i];
+}
 
 /* The stores: each element's lanes reduced in the fixed tree. */
 static inline __attribute__((always_inline)) void finish_tile(const qmm_t *p, int m0,
@@ -178,8 +197,8 @@ static inline __attribute__((always_inline)) void tile_direct(const qmm_t *p, co
         float scale[8], bias[8];
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
-            scale[c] = p->scales[(long)(n0 + c) * p->G + g];
-            bias[c] = p->biases[(long)(n0 + c) * p->G + g];
+            scale[c] = param(p, p->scales, (long)(n0 + c) * p->G + g);
+            bias[c] = param(p, p->biases, (long)(n0 + c) * p->G + g);
         }
         for (int j = 0; j < per_group; j++) {
             const long k = ((long)g * per_group + j) * SPAN;
@@ -243,8 +262,8 @@ static inline __attribute__((always_inline)) void unpack_panel(const qmm_t *p, c
     for (int c = 0; c < C; c++) {
         const uint8_t *wr = p->w + (long)(n0 + c) * row_bytes;
         for (int g = 0; g < p->G; g++) {
-            const float scale = p->scales[(long)(n0 + c) * p->G + g];
-            const float bias = p->biases[(long)(n0 + c) * p->G + g];
+            const float scale = param(p, p->scales, (long)(n0 + c) * p->G + g);
+            const float bias = param(p, p->biases, (long)(n0 + c) * p->G + g);
             for (int j = 0; j < per_group; j++) {
                 const long chunk = (long)g * per_group + j;
                 vf a, b;
@@ -413,11 +432,12 @@ int mtplx_qmm_threads(void) { return threads_wanted; }
 /* Products computed by more than one thread so far (lets tests see the split happen). */
 unsigned long mtplx_qmm_split_calls(void) { return atomic_load(&split_calls); }
 
-/* y[M, N] = x[M, K] @ dequantize(w, scales, biases)^T. Returns 0, or -1 for arguments the
+/* y[M, N] = x[M, K] @ dequantize(w, scales, biases)^T, scales and biases float32, or
+ * float16 when half is nonzero. Returns 0, or -1 for arguments the
  * kernel does not take (bits other than 4/8, a group size not a multiple of 2 W, K not a
  * multiple of the group size), before touching y. */
-int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const float *scales,
-              const float *biases, int N, int bits, int group, float *y) {
+int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scales,
+              const void *biases, int half, int N, int bits, int group, float *y) {
     if ((bits != 4 && bits != 8) || group <= 0 || group % SPAN != 0 || K % group != 0)
         return -1;
     if (M <= 0 || N <= 0) return 0;
@@ -435,7 +455,8 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const float *scal
                 }
         }
     }
-    qmm_t p = {xp ? xp : x, (const uint8_t *)w, scales, biases, y, M, N, K, G, bits, group};
+    qmm_t p = {xp ? xp : x, (const uint8_t *)w, scales, biases, y, M, N, K, G, bits, group,
+               half != 0};
     run(&p);
     free(xp);
     return 0;

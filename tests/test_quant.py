@@ -19,9 +19,11 @@ from mtplx import quant
 KINDS = [(bits, group) for bits in (4, 8) for group in (32, 64, 128)]
 
 
-def _weights(rng: np.random.Generator, n: int, k: int, bits: int, group: int):
+def _weights(rng: np.random.Generator, n: int, k: int, bits: int, group: int, half: bool = False):
     w = mx.array(rng.standard_normal((n, k)).astype(np.float32))
     packed, scales, biases = mx.quantize(w, group_size=group, bits=bits)
+    if half:  # float16 scales and biases (GGUF's), read as they are
+        scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
     mx.eval(packed, scales, biases)
     return packed, scales, biases
 
@@ -37,10 +39,11 @@ def _reference(x: np.ndarray, packed, scales, biases, bits: int, group: int) -> 
     return x.astype(np.float64) @ (s * q + b).T
 
 
+@pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize(("bits", "group"), KINDS)
-def test_agrees_with_numpy_reference(bits: int, group: int) -> None:
+def test_agrees_with_numpy_reference(bits: int, group: int, half: bool) -> None:
     rng = np.random.default_rng(bits * 1000 + group)
-    packed, scales, biases = _weights(rng, 77, 384, bits, group)
+    packed, scales, biases = _weights(rng, 77, 384, bits, group, half)
     for rows in (1, 3, 4, 5, 17):
         x = rng.standard_normal((rows, 384)).astype(np.float32)
         y = np.array(quant.qmm(mx.array(x), packed, scales, biases, bits, group))
@@ -54,7 +57,7 @@ def test_bitwise_invariant_over_row_counts(bits: int, group: int) -> None:
     """Each row's outputs are the same bits alone and among 1..130 other rows (the direct
     register path up to 4 rows, the unpacked panel beyond)."""
     rng = np.random.default_rng(7 + bits + group)
-    packed, scales, biases = _weights(rng, 70, 256, bits, group)
+    packed, scales, biases = _weights(rng, 70, 256, bits, group, half=group == 64)
     x = rng.standard_normal((131, 256)).astype(np.float32)
     alone = np.concatenate(
         [np.array(quant.qmm(mx.array(x[i : i + 1]), packed, scales, biases, bits, group))
@@ -134,9 +137,9 @@ def test_bad_arguments_are_refused() -> None:
 
 def test_variant_follows_cpu_features(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MTPLX_QUANT_VARIANT", raising=False)
-    avx512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx2", "fma"})
+    avx512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"})
     assert quant.kernel_variant(avx512, "x86_64") == "avx512"
-    assert quant.kernel_variant(frozenset({"avx2", "fma"}), "x86_64") == "avx2"
+    assert quant.kernel_variant(frozenset({"avx2", "fma", "f16c"}), "x86_64") == "avx2"
     assert quant.kernel_variant(frozenset({"avx2"}), "x86_64") == "portable"
     assert quant.kernel_variant(avx512, "aarch64") == "portable"
     monkeypatch.setenv("MTPLX_QUANT_VARIANT", "nope")
@@ -154,12 +157,14 @@ out = {"variant": quant.quant_info().variant}
 for bits, group in [(4, 32), (8, 128)]:
     w = mx.array(rng.standard_normal((40, 256)).astype(np.float32))
     packed, scales, biases = mx.quantize(w, group_size=group, bits=bits)
+    if bits == 4:
+        scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
     x = rng.standard_normal((7, 256)).astype(np.float32)
     y = np.array(quant.qmm(mx.array(x), packed, scales, biases, bits, group))
     alone = np.concatenate([np.array(quant.qmm(mx.array(x[i:i+1]), packed, scales, biases,
                             bits, group)) for i in range(7)])
-    ref = x.astype(np.float64) @ np.array(mx.dequantize(packed, scales, biases,
-                                          group_size=group, bits=bits)).astype(np.float64).T
+    ref = x.astype(np.float64) @ np.array(mx.dequantize(packed, scales.astype(mx.float32),
+        biases.astype(mx.float32), group_size=group, bits=bits)).astype(np.float64).T
     out[f"{bits}/{group}"] = [bool((y == alone).all()),
                               float(np.abs(y - ref).max() / np.abs(ref).max())]
 print(json.dumps(out))

@@ -59,7 +59,7 @@ def weights_format() -> str:
 
 class QuantWeight(NamedTuple):
     """A weight in MLX's affine layout: ``w`` uint32 [N, K * bits / 32], ``scales`` and
-    ``biases`` float32 [N, K / group_size]."""
+    ``biases`` [N, K / group_size], float16 or float32."""
 
     w: mx.array
     scales: mx.array
@@ -122,9 +122,22 @@ def linear_kind(
 def activation_dtype(inner: Any) -> mx.Dtype:
     """The dtype of a trunk's hidden states: its embedding's, float32 for a quantized one."""
     embed = inner.embed_tokens
-    if isinstance(embed, InvariantQuantizedEmbedding | nn.QuantizedEmbedding):
+    if isinstance(embed, InvariantQuantizedEmbedding):
+        return mx.float32
+    if isinstance(embed, nn.QuantizedEmbedding):
         return embed.scales.dtype
     return embed.weight.dtype
+
+
+def _kernel_params(scales: mx.array, biases: mx.array) -> tuple[mx.array, mx.array]:
+    """Scales and biases as the kernel reads them: float16 where that is exact (GGUF's are
+    float16 to begin with: half the bytes of float32 to read per token), else float32."""
+    s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
+    s16, b16 = s32.astype(mx.float16), b32.astype(mx.float16)
+    exact = mx.array_equal(s16.astype(mx.float32), s32) and mx.array_equal(
+        b16.astype(mx.float32), b32
+    )
+    return (s16, b16) if bool(exact.item()) else (s32, b32)
 
 
 class InvariantQuantizedLinear(nn.Module):
@@ -134,8 +147,7 @@ class InvariantQuantizedLinear(nn.Module):
         super().__init__()
         self.group_size, self.bits = int(source.group_size), int(source.bits)
         self.weight = source.weight
-        self.scales = source.scales.astype(mx.float32)
-        self.biases = source.biases.astype(mx.float32)
+        self.scales, self.biases = _kernel_params(source.scales, source.biases)
         if "bias" in source:
             self.bias = source.bias.astype(mx.float32)
         self.freeze()
@@ -157,8 +169,7 @@ class InvariantQuantizedEmbedding(nn.Module):
         super().__init__()
         self.group_size, self.bits = int(source.group_size), int(source.bits)
         self.weight = source.weight
-        self.scales = source.scales.astype(mx.float32)
-        self.biases = source.biases.astype(mx.float32)
+        self.scales, self.biases = _kernel_params(source.scales, source.biases)
         self.num_embeddings = int(source.weight.shape[0])
         self.freeze()
 
@@ -169,8 +180,8 @@ class InvariantQuantizedEmbedding(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         return mx.dequantize(
             self.weight[x],
-            scales=self.scales[x],
-            biases=self.biases[x],
+            scales=self.scales[x].astype(mx.float32),
+            biases=self.biases[x].astype(mx.float32),
             group_size=self.group_size,
             bits=self.bits,
         )
