@@ -50,6 +50,7 @@ __all__ = [
     "available",
     "kernel_variant",
     "load_extension",
+    "loaded",
     "qmm",
     "quant_info",
     "runnable_variants",
@@ -290,6 +291,11 @@ def _default_threads() -> int:
         if value.isdigit() and int(value) > 0:
             return int(value)
     return len(os.sched_getaffinity(0))
+
+
+def loaded() -> bool:
+    """Whether this process has loaded the extension (a quantized model is being served)."""
+    return _module is not None
 
 
 def available() -> bool:
