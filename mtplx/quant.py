@@ -280,6 +280,21 @@ def load_extension() -> ModuleType:
         except (OSError, ImportError, subprocess.SubprocessError) as exc:
             _failure = f"{type(exc).__name__}: {exc}"
             raise Unavailable(_failure) from exc
+        try:
+            # MLX arrays cross into the extension only when both were built against the same
+            # nanobind ABI; a mismatch shows here as a TypeError, not in a forward.
+            probe = module.qmm(
+                mx.ones((1, 32)),
+                mx.zeros((1, 4), mx.uint32),
+                mx.ones((1, 1)),
+                mx.zeros((1, 1)),
+                4,
+                32,
+            )
+            mx.eval(probe)
+        except (TypeError, RuntimeError, ValueError) as exc:
+            _failure = f"the built extension does not run with this mlx: {exc}"
+            raise Unavailable(_failure) from exc
         module.set_threads(_default_threads())
         _module = module
         return module
