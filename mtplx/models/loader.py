@@ -24,7 +24,12 @@ from mtplx.models.checkpoint import (
     resolve_model_path,
 )
 from mtplx.models.families import arch_of, mtp_key_predicate, mtp_layout
-from mtplx.models.quantized import describe_weights, serve_quantized, weights_format
+from mtplx.models.quantized import (
+    describe_weights,
+    quantize_draft_head,
+    serve_quantized,
+    weights_format,
+)
 from mtplx.models.target import MLXTarget, Trunk
 from mtplx.models.weights import settle_dtypes
 
@@ -149,8 +154,10 @@ def load(
         settle_dtypes(head.module, dequantize=dequantize, to_float32=cpu)
     if cpu and not dequantize:
         # Quantized layers stay quantized, their products on the batch-invariant kernel.
-        serve_quantized(mlx_model)
+        served = serve_quantized(mlx_model)
         for head in heads:
+            if served:
+                quantize_draft_head(head.module)
             serve_quantized(head.module)
 
     eos = config.get("eos_token_id")
