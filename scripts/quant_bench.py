@@ -4,8 +4,9 @@ Loads the default model in both formats (``native``: the GGUF's Q4_1 / Q8_0 weig
 batch-invariant kernel; ``f32``: dequantized), then, for each, in the same run and
 interleaved so that the machine's load hits both alike:
 
-- single-stream plain decoding (tokens/s, decode only: prompt time excluded);
-- 16 concurrent streams of plain decoding (aggregate tokens/s);
+- single-stream plain decoding (tokens/s, decode only: prompt time excluded), and the
+  process's CPU time per token;
+- 16 concurrent streams of plain decoding (aggregate tokens/s, CPU time per token);
 - a depth-1 MTP cycle's cost against a plain step (ms per engine step, MTP drafter).
 
 Prints a markdown table (medians over repeats) and the load average before and after.
@@ -56,12 +57,17 @@ def _request(engine: Engine, i: int, tokens: int, drafter: str, depth: int) -> G
     )
 
 
-def decode_rate(engine: Engine, streams: int, tokens: int, drafter: str = "none") -> float:
-    """Aggregate decode tokens/s of ``streams`` sequences, from the first token of the last
-    to start (prefill excluded) to the end."""
+def decode_rate(
+    engine: Engine, streams: int, tokens: int, drafter: str = "none"
+) -> tuple[float, float]:
+    """(Aggregate decode tokens/s, this process's CPU ms per token) of ``streams``
+    sequences, from the first token (prefill excluded) to the end. CPU time counts every
+    thread of the process, the kernel's helpers included: on a machine shared with other
+    work it moves less with the load than wall-clock time does."""
     for i in range(streams):
         engine.add(_request(engine, i, tokens, drafter, 0 if drafter == "none" else 1))
     first: float | None = None
+    cpu_first = 0.0
     counted = 0
     while engine.running:
         events = engine.step()
@@ -69,11 +75,12 @@ def decode_rate(engine: Engine, streams: int, tokens: int, drafter: str = "none"
         new = sum(1 for _, e in events if isinstance(e, TokenEvent))
         if first is None:
             if new:
-                first = now
+                first, cpu_first = now, time.process_time()
             continue
         counted += new
     assert first is not None
-    return counted / (time.perf_counter() - first)
+    cpu_ms = 1e3 * (time.process_time() - cpu_first) / max(counted, 1)
+    return counted / (time.perf_counter() - first), cpu_ms
 
 
 def step_ms(engine: Engine, drafter: str, depth: int, tokens: int) -> float:
@@ -104,8 +111,12 @@ def main() -> None:
     for _ in range(args.repeats):
         for fmt, engine in engines.items():
             r = rows[fmt]
-            r.setdefault("plain 1 stream tok/s", []).append(decode_rate(engine, 1, args.tokens))
-            r.setdefault("plain 16 streams tok/s", []).append(decode_rate(engine, 16, args.tokens))
+            rate, cpu = decode_rate(engine, 1, args.tokens)
+            r.setdefault("plain 1 stream tok/s", []).append(rate)
+            r.setdefault("plain 1 stream CPU ms/token", []).append(cpu)
+            rate, cpu = decode_rate(engine, 16, args.tokens)
+            r.setdefault("plain 16 streams tok/s (aggregate)", []).append(rate)
+            r.setdefault("plain 16 streams CPU ms/token", []).append(cpu)
             plain = step_ms(engine, "none", 0, args.tokens)
             mtp = step_ms(engine, "mtp", 1, args.tokens)
             r.setdefault("plain step ms", []).append(plain)
