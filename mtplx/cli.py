@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -50,7 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep Q4_0/Q4_1/Q8_0 tensors as (lossless) MLX 4/8-bit affine instead of float32",
     )
+    for name in ("serve", "generate", "bench", "inspect"):
+        commands.choices[name].add_argument(
+            "--weights",
+            choices=("native", "f32"),
+            help="how the CPU serves quantized weights: native (default: as stored, on the "
+            "batch-invariant quantized kernel) or f32 (dequantized); sets MTPLX_WEIGHTS",
+        )
     args = parser.parse_args(argv)
+    if getattr(args, "weights", None):
+        # Every load path (the default model's cache directory included) reads it from here.
+        os.environ["MTPLX_WEIGHTS"] = args.weights
     if args.command == "convert-gguf":
         from mtplx.models.gguf import convert_gguf  # deferred: gguf/transformers load slowly
 

@@ -49,6 +49,7 @@ from typing import Any, NoReturn
 import mlx.core as mx
 
 from mtplx.models.batched import SlotRow, SlotTarget, packed_positions
+from mtplx.models.quantized import activation_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -270,7 +271,7 @@ class PipelineWorker(SlotTarget):
         rank, size = self.group.rank(), self.group.size()
         previous, following = rank - 1, (rank + 1) % size
         template = mx.zeros((message_size(self.max_rows),), mx.int32)
-        dtype = self.trunk.inner.embed_tokens.weight.dtype
+        dtype = activation_dtype(self.trunk.inner)  # float32 for a quantized embedding
         while True:
             message = mx.distributed.recv_like(template, previous, group=self.group)
             if rank < size - 1:  # pass it on first: the next stage prepares while we compute

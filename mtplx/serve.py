@@ -255,7 +255,16 @@ def describe_blas() -> Mapping[str, Any]:
         "threads": info.threads,
         "fast": info.fast,
         "fallback_reason": _PATH.sub("<path>", reason) if reason else reason,
+        "quantized_kernel": _quantized_kernel(),
     }
+
+
+def _quantized_kernel() -> str | None:
+    """The quantized products' kernel if this process built it (``mtplx.quant``), else None;
+    never builds it (a float32 model does not need it)."""
+    import mtplx.quant as quant
+
+    return quant.quant_info().kernel if quant.loaded() else None
 
 
 def _settings_problems(exc: Any) -> str:

@@ -226,6 +226,21 @@ def test_llamacpp_modes_follow_the_available_models(fixture_model: Path) -> None
     assert [m.name for m in expand_modes(config, engine, {})] == ["plain"]
 
 
+def test_plain_f32_row_only_for_a_quantized_model(fixture_model: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from mtplx.bench.runner import BenchConfig, expand_modes
+    from mtplx.engine import Engine
+    from mtplx.models import load
+    from tests.fixtures.variants import quantize_checkpoint
+
+    config = BenchConfig(model=str(fixture_model), modes=("plain", "plain-f32"))
+    assert [m.name for m in expand_modes(config, Engine(load(str(fixture_model))), {})] == ["plain"]
+    copy = quantize_checkpoint(Path(shutil.copytree(fixture_model, tmp_path / "q")))
+    modes = expand_modes(config, Engine(load(str(copy))), {})
+    assert [(m.name, m.backend) for m in modes] == [("plain", "ours"), ("plain-f32", "ours-f32")]
+
+
 def test_llamacpp_rows_in_a_run(fixture_model: Path, tmp_path: Path, monkeypatch) -> None:
     from mtplx.bench import runner
     from mtplx.cli import main

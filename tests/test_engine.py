@@ -12,7 +12,7 @@ from mtplx.models import load, make_layer_skip_draft
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig
 from tests.fixtures.checkpoints import build_checkpoint
-from tests.fixtures.variants import untie_lm_head
+from tests.fixtures.variants import quantize_checkpoint, untie_lm_head
 
 GREEDY = SamplerConfig(temperature=0.0)
 NUM_PROMPTS = 20
@@ -48,10 +48,15 @@ LLAMA_LIKE_KINDS = ("llama_mtp", "llama_no_mtp")
 
 def load_fixture(kind: str, directory: Path) -> Engine:
     """Build the fixture checkpoint ``kind`` and an engine; llama-like trunks get an untied
-    LM head (real spread in their next-token distributions) and a 1-layer layer-skip draft."""
+    LM head (real spread in their next-token distributions) and a 1-layer layer-skip draft.
+    A ``_q4`` suffix quantizes the trunk (products on the invariant quantized kernel)."""
+    quantized = kind.endswith("_q4")  # the trunk quantized: 4-bit affine, group 32
+    kind = kind.removesuffix("_q4")
     build_checkpoint(kind, directory)
     if kind in LLAMA_LIKE_KINDS:
         untie_lm_head(directory)
+    if quantized:
+        quantize_checkpoint(directory, bits=4, group_size=32)
     model = load(directory)
     draft = make_layer_skip_draft(model, 1) if kind in LLAMA_LIKE_KINDS else None
     return Engine(model, draft_model=draft)

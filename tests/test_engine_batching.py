@@ -32,7 +32,7 @@ from tests.test_speculative import (
 GREEDY = SamplerConfig(temperature=0.0)
 
 
-@pytest.fixture(scope="module", params=["llama_mtp", "qwen3_next"])
+@pytest.fixture(scope="module", params=["llama_mtp", "llama_mtp_q4", "qwen3_next"])
 def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Engine:
     return load_fixture(request.param, tmp_path_factory.mktemp(request.param))
 

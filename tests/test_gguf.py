@@ -268,16 +268,68 @@ def test_interrupted_conversion_leaves_nothing(tiny, tmp_path: Path, monkeypatch
 def test_ensure_default_model_converts_once(tiny, tmp_path: Path, monkeypatch) -> None:
     src, _, _ = tiny
     monkeypatch.setenv("MTPLX_HOME", str(tmp_path))
+    monkeypatch.delenv("MTPLX_WEIGHTS", raising=False)
     monkeypatch.setattr(conv, "default_gguf_path", lambda: src)
     path = conv.ensure_default_model()
-    assert path == tmp_path / "models" / "SmolLM2-135M-Instruct" == conv.default_model_dir()
-    assert (path / "config.json").is_file()
+    assert path == tmp_path / "models" / "SmolLM2-135M-Instruct-native" == conv.default_model_dir()
+    assert "quantization" in json.loads((path / "config.json").read_text())
+    f32 = conv.ensure_default_model("f32")
+    assert f32 == tmp_path / "models" / "SmolLM2-135M-Instruct-f32" == conv.default_model_dir("f32")
+    assert "quantization" not in json.loads((f32 / "config.json").read_text())
+    monkeypatch.setenv("MTPLX_WEIGHTS", "f32")
+    assert conv.default_model_dir() == f32
 
     def no_second_conversion(*args, **kwargs):
         raise AssertionError("converted again")
 
     monkeypatch.setattr(conv, "convert_gguf", no_second_conversion)
-    assert conv.ensure_default_model() == path
+    assert conv.ensure_default_model() == f32
+    assert conv.ensure_default_model("native") == path
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_gguf_blocks_repack_losslessly_and_serve_on_the_kernel(name: str) -> None:
+    """Q4_0 / Q4_1 / Q8_0 repacked as MLX affine dequantize to the gguf package's own values,
+    and the invariant kernel's product over them matches a float64 product."""
+    from mtplx.models.gguf_quant import to_mlx_affine
+    from mtplx.quant import qmm
+
+    qtype = getattr(gguf.GGMLQuantizationType, name)
+    rng = np.random.default_rng(4)
+    array = rng.normal(size=(24, 128)).astype(np.float32)
+    packed = gguf.quants.quantize(array, qtype)
+    expected = gguf.quants.dequantize(packed, qtype).astype(np.float32)
+    repacked = to_mlx_affine(packed, qtype, 24)
+    assert repacked is not None
+    w, scales, biases = (mx.array(a) for a in repacked)
+    bits = 8 if name == "Q8_0" else 4
+    got = mx.dequantize(w, scales, biases, group_size=32, bits=bits)
+    np.testing.assert_allclose(np.array(got), expected, rtol=1e-6, atol=1e-6)
+    x = rng.normal(size=(5, 128)).astype(np.float32)
+    y = np.array(qmm(mx.array(x), w, scales, biases, bits, 32))
+    reference = x.astype(np.float64) @ expected.astype(np.float64).T
+    np.testing.assert_allclose(y, reference, rtol=1e-5, atol=1e-4)
+
+
+def test_quantized_conversion_loads_onto_the_kernel(tiny, tmp_path: Path) -> None:
+    """mtplx's own loader keeps the GGUF's Q4_1 / Q8_0 tensors quantized (embedding and tied
+    head included) and gives the float32 conversion's logits within rounding."""
+    from mtplx.models import load as mtplx_load
+    from mtplx.models.quantized import InvariantQuantizedEmbedding, InvariantQuantizedLinear
+
+    src, f32_dir, _ = tiny
+    dst = conv.convert_gguf(src, tmp_path / "q", dequantize=False)
+    quantized = mtplx_load(dst)
+    full = mtplx_load(f32_dir)
+    inner = quantized.target.trunk.inner
+    assert isinstance(inner.embed_tokens, InvariantQuantizedEmbedding)
+    assert isinstance(inner.layers[1].self_attn.q_proj, InvariantQuantizedLinear)
+    assert quantized.weights == "float32 (13), affine q4/g32 (2), affine q8/g32 (1)"
+    assert full.weights == "float32"
+    tokens = mx.array([[1, 40, 50, 60, 7, 2]])
+    got, _ = quantized.target(tokens, quantized.target.make_cache())
+    want, _ = full.target(tokens, full.target.make_cache())
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
 
 
 def test_missing_package_says_how_to_install(monkeypatch) -> None:

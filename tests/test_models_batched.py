@@ -12,15 +12,21 @@ import pytest
 from mtplx.models import load
 from mtplx.models.batched import IDLE_CAPACITY, PerRowTarget, SlotTarget, batched_target
 from tests.fixtures.checkpoints import build_checkpoint
-from tests.fixtures.variants import untie_lm_head
+from tests.fixtures.variants import quantize_checkpoint, untie_lm_head
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module", params=["float32", "q4"])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The llama fixture in float32, and quantized (4-bit affine: its products on the
+    invariant quantized kernel)."""
     directory = tmp_path_factory.mktemp("batched")
     build_checkpoint("llama_mtp", directory)
     untie_lm_head(directory)
-    return load(directory)
+    if request.param == "q4":
+        quantize_checkpoint(directory, bits=4, group_size=32)
+    loaded = load(directory)
+    assert loaded.weights.startswith("affine q4" if request.param == "q4" else "float32")
+    return loaded
 
 
 def _prompt(i: int, length: int) -> mx.array:

@@ -15,12 +15,17 @@ from mtplx.models import load
 from mtplx.models.batched import ATTEND_STEP, SlotTarget
 from mtplx.models.compiled_layer import CompiledLayer
 from tests.fixtures.checkpoints import build_checkpoint
+from tests.fixtures.variants import quantize_checkpoint
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory):
+@pytest.fixture(scope="module", params=["float32", "q4", "q8"])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The llama fixture in float32, and quantized (its products on the invariant kernel,
+    fused and compiled like the float ones)."""
     directory = tmp_path_factory.mktemp("compiled_layer")
     build_checkpoint("llama_mtp", directory)
+    if request.param != "float32":
+        quantize_checkpoint(directory, bits=int(request.param[1:]), group_size=64)
     return load(directory)
 
 

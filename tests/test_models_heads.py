@@ -248,7 +248,8 @@ def test_non_mtp_key_in_mtp_file_is_named(llama_mtp_checkpoint: Path, tmp_path: 
 
 
 def test_quantized_mtp_weights_load(llama_mtp_checkpoint: Path, tmp_path: Path) -> None:
-    """MTP linears stored as mlx 4-bit (weight + scales + biases) load quantized or dequantized."""
+    """MTP linears stored as mlx 4-bit (weight + scales + biases) load quantized or
+    dequantized."""
     import mlx.nn as nn
 
     copy = Path(shutil.copytree(llama_mtp_checkpoint, tmp_path / "c"))
@@ -263,9 +264,12 @@ def test_quantized_mtp_weights_load(llama_mtp_checkpoint: Path, tmp_path: Path) 
             packed[key] = value
     mx.save_safetensors(str(copy / "mtp.safetensors"), packed)
 
-    kept, default = load(copy, dequantize=False), load(copy)
-    assert isinstance(kept.mtp_heads[0].module.fc, nn.QuantizedLinear)
-    assert isinstance(default.mtp_heads[0].module.fc, nn.Linear)
+    from mtplx.models.quantized import InvariantQuantizedLinear
+
+    # CPU default: kept quantized, on the invariant kernel; dequantize=True: float32.
+    kept, default = load(copy), load(copy, dequantize=True)
+    assert isinstance(kept.mtp_heads[0].module.fc, InvariantQuantizedLinear)
+    assert type(default.mtp_heads[0].module.fc) is nn.Linear
     _, hidden = default.target(TOKENS, default.target.make_cache())
     results = [
         m.mtp_heads[0](hidden, TOKENS, m.mtp_heads[0].make_cache())[0] for m in (kept, default)

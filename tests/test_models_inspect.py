@@ -66,3 +66,24 @@ def test_inspect_quantized_dtype(llama_no_mtp_checkpoint: Path, tmp_path: Path) 
     config["quantization"] = {"group_size": 64, "bits": 4}
     (copy / "config.json").write_text(json.dumps(config))
     assert inspect(copy).dtype == "4-bit (group 64)"
+
+
+def test_inspect_names_the_served_weights_and_kernel(
+    llama_mtp_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    from mtplx import quant
+    from tests.fixtures.variants import quantize_checkpoint
+
+    monkeypatch.delenv("MTPLX_WEIGHTS", raising=False)
+    assert inspect(llama_mtp_checkpoint).weights == "float32"
+    assert inspect(llama_mtp_checkpoint).kernel == "mtplx-invariant-f32 (BLAS shim)"
+    copy = quantize_checkpoint(Path(shutil.copytree(llama_mtp_checkpoint, tmp_path / "q")))
+    report = inspect(copy)
+    assert report.weights == "4-bit affine (group 32), served quantized"
+    assert report.kernel == quant.quant_info().kernel == f"mtplx-invariant-{quant.kernel_variant()}"
+    main(["inspect", str(copy)])
+    out = capsys.readouterr().out
+    assert "weights served:   4-bit affine (group 32), served quantized" in out
+    assert f"kernel:           {report.kernel}" in out
+    monkeypatch.setenv("MTPLX_WEIGHTS", "f32")
+    assert inspect(copy).weights == "float32 (dequantized: MTPLX_WEIGHTS=f32)"

@@ -14,6 +14,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mtplx.models import CheckpointError, load
+from mtplx.models.quantized import InvariantQuantizedEmbedding, InvariantQuantizedLinear
 from tests.fixtures.tokenizer import IM_END_ID, VOCAB_SIZE
 
 # Float32 everywhere; one-token-at-a-time and multi-token forwards differ only by summation
@@ -169,21 +170,37 @@ def test_quantized_checkpoint_loads(llama_mtp_checkpoint: Path, tmp_path: Path, 
     reference, _ = load_model(copy)
     expected = np.array(reference(TOKENS))
 
-    kept = load(copy, dequantize=False)
-    assert any(
-        isinstance(m, nn.QuantizedEmbedding) for _, m in kept.target.trunk.model.named_modules()
-    )
+    # CPU backend, default: kept quantized, the products on the invariant kernel.
+    kept = load(copy)
+    modules = [m for _, m in kept.target.trunk.model.named_modules()]
+    assert any(isinstance(m, InvariantQuantizedEmbedding) for m in modules)
+    assert any(isinstance(m, InvariantQuantizedLinear) for m in modules)
+    assert not any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for m in modules)
+    assert kept.weights.startswith(f"affine q{bits}/g32")
     logits, _ = kept.target(TOKENS, kept.target.make_cache())
     np.testing.assert_allclose(np.array(logits), expected, atol=1e-3, rtol=0)
+    assert len(kept.mtp_heads) == 1
 
-    default = load(copy)  # CPU backend: dequantized to float32
-    modules = [m for _, m in default.target.trunk.model.named_modules()]
+    full = load(copy, dequantize=True)  # float32, as MTPLX_WEIGHTS=f32 gives
+    modules = [m for _, m in full.target.trunk.model.named_modules()]
     assert not any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for m in modules)
-    dtypes = {v.dtype for _, v in tree_flatten(default.target.trunk.model.parameters())}
+    dtypes = {v.dtype for _, v in tree_flatten(full.target.trunk.model.parameters())}
     assert dtypes == {mx.float32}
-    logits, _ = default.target(TOKENS, default.target.make_cache())
+    assert full.weights == "float32"
+    logits, _ = full.target(TOKENS, full.target.make_cache())
     np.testing.assert_allclose(np.array(logits), expected, atol=1e-3, rtol=0)
-    assert len(default.mtp_heads) == 1
+    assert len(full.mtp_heads) == 1
+
+
+def test_weights_f32_setting_dequantizes(
+    llama_mtp_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = _quantize_checkpoint(llama_mtp_checkpoint, tmp_path / "q", 4)
+    monkeypatch.setenv("MTPLX_WEIGHTS", "f32")
+    assert load(copy).weights == "float32"
+    monkeypatch.setenv("MTPLX_WEIGHTS", "nope")
+    with pytest.raises(ValueError, match="MTPLX_WEIGHTS"):
+        load(copy)
 
 
 def test_bfloat16_weights_are_cast_to_float32_on_cpu(

@@ -188,6 +188,7 @@ def test_unavailable_drafter_stops_the_server_with_a_clear_error(
 
 
 def test_health_blas_comes_from_mtplx_blas():
+    import mtplx.quant
     from mtplx.blas import blas_info
 
     described = serve_commands.describe_blas()
@@ -197,6 +198,8 @@ def test_health_blas_comes_from_mtplx_blas():
         "threads": info.threads,
         "fast": info.fast,
         "fallback_reason": info.fallback_reason,
+        # the quantized kernel once a quantized model loaded it, else None
+        "quantized_kernel": mtplx.quant.quant_info().kernel if mtplx.quant.loaded() else None,
     }
 
 
@@ -209,11 +212,13 @@ def test_health_blas_shows_no_paths(monkeypatch):
         name="openblas", library="/home/me/.cache/mtplx/libshim.so", threads=4, fast=True
     )
     monkeypatch.setattr(mtplx.blas, "blas_info", lambda: shim)
+    monkeypatch.setattr(serve_commands, "_quantized_kernel", lambda: "mtplx-invariant-avx2")
     assert serve_commands.describe_blas() == {
         "name": "openblas",
         "threads": 4,
         "fast": True,
         "fallback_reason": None,
+        "quantized_kernel": "mtplx-invariant-avx2",
     }
     failed = BlasInfo(
         name="reference",

@@ -31,8 +31,9 @@ from mtplx.sampling import SamplerConfig
 @dataclass(frozen=True)
 class Mode:
     """One benchmarked configuration. ``backend`` "ours" runs the engine with ``drafter`` /
-    ``depth`` (None = adaptive); "mlxlm" runs stream_generate, speculative when depth > 0;
-    "llamacpp" runs llama.cpp on the GGUF named by ``gguf`` ("native" or "f32")."""
+    ``depth`` (None = adaptive), "ours-f32" the same on the model dequantized to float32;
+    "mlxlm" runs stream_generate, speculative when depth > 0; "llamacpp" runs llama.cpp on
+    the GGUF named by ``gguf`` ("native" or "f32")."""
 
     name: str
     backend: str

@@ -14,7 +14,7 @@ QUICK = {
     "max_tokens": 64,
     "repeats": 2,
     "prompts_per_category": 1,
-    "modes": "plain,default,mtp@2,mtp@4,draft,ngram,mlxlm-plain,mlxlm-spec,llamacpp",
+    "modes": "plain,plain-f32,default,mtp@2,mtp@4,draft,ngram,mlxlm-plain,mlxlm-spec,llamacpp",
 }
 
 

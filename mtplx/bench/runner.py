@@ -44,7 +44,8 @@ SAMPLERS = {
     "t0.6": SamplerConfig(temperature=0.6, top_p=0.95, top_k=20),
 }
 ALL_MODES = (
-    "plain", "default", "mtp", "draft", "ngram", "mlxlm-plain", "mlxlm-spec", "llamacpp"
+    "plain", "plain-f32", "default", "mtp", "draft", "ngram", "mlxlm-plain", "mlxlm-spec",
+    "llamacpp",
 )  # fmt: skip
 
 
@@ -96,6 +97,10 @@ def expand_modes(
     for family in config.modes:
         if family == "plain":
             modes.append(Mode("plain", "ours", "none", 0))
+        elif family == "plain-f32":
+            # The same model dequantized to float32 (only when it is served quantized).
+            if getattr(getattr(engine, "model", None), "weights", "float32") != "float32":
+                modes.append(Mode("plain-f32", "ours-f32", "none", 0))
         elif family == "default":
             modes.append(Mode("default", "ours", None, None))
         elif family == "mtp" and "mtp" in available:
@@ -241,6 +246,12 @@ def run_bench(
     longest = max(len(ids) for ids in encoded.values()) + config.max_tokens
     llamacpp = {variant: load_llamacpp(path, longest + 16) for variant, path in ggufs.items()}
     modes = expand_modes(config, engine, ggufs)
+    # plain-f32: the same checkpoint with its quantized weights dequantized to float32.
+    engine_f32 = (
+        Engine(load(config.model, dequantize=True))
+        if any(m.backend == "ours-f32" for m in modes)
+        else None
+    )
     trunk = loaded.target.trunk  # type: ignore[attr-defined]
     mlx_draft = MLXLMLayerSkipDraft(trunk, draft_layers) if draft_layers else None
 
@@ -251,6 +262,9 @@ def run_bench(
             return run_mlxlm(
                 trunk.model, loaded.tokenizer, mode, prompt_ids, sampler, tokens, mlx_draft
             )
+        if mode.backend == "ours-f32":
+            assert engine_f32 is not None
+            return run_ours(engine_f32, mode, prompt_ids, sampler, tokens)
         return run_ours(engine, mode, prompt_ids, sampler, tokens)
 
     # Warm-up: compiles/allocates each path once, so that does not land in a timed run.

@@ -70,3 +70,6 @@ class LoadedModel:
     # vocabulary: int32 [V'], or None when V' == V.
     draft_vocab: mx.array | None = None
     eos_token_ids: set[int] = field(default_factory=set)
+    # The products' weight formats (mtplx.models.quantized.describe_weights), e.g.
+    # "affine q4/g32 (210), affine q8/g32 (1)" or "float32".
+    weights: str = "float32"

@@ -44,6 +44,14 @@ from mtplx.models.base import TargetModel
 from mtplx.models.compiled_layer import CompiledLayer
 from mtplx.models.kv_store import KV_STEP, SHARED_CAPACITY, KVStore, LayerKV
 from mtplx.models.per_row import PerRowTarget
+from mtplx.models.quantized import (
+    InvariantQuantizedLinear,
+    QuantWeight,
+    activation_dtype,
+    linear,
+    weight_arrays,
+    weight_of,
+)
 from mtplx.models.rows import BatchedTarget, Row, RowOutput, logits_per_row
 
 __all__ = [
@@ -139,20 +147,23 @@ class _Fused:
     invariant kernel sums every output element in a fixed order over the input alone,
     whatever the other columns of the product."""
 
-    qkv: mx.array  # [q_out + 2 kv_out, H]
+    qkv: mx.array | QuantWeight  # [q_out + 2 kv_out, H]
     qkv_bias: mx.array | None
     q_size: int
     kv_size: int
-    gate_up: mx.array  # [2 I, H]
+    gate_up: mx.array | QuantWeight  # [2 I, H]
     gate_up_bias: mx.array | None
     intermediate: int
 
 
 def _fuse(layer: Any) -> _Fused | None:
     """The layer's fused projections (their modules then read slices of them, so the
-    weights are held once), or None when they are not plain float ``nn.Linear`` layers."""
+    weights are held once), or None when they are neither all plain float ``nn.Linear``
+    layers nor all kernel-quantized ones of one format without biases."""
     attn, mlp = layer.self_attn, layer.mlp
     groups = ((attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj))
+    if all(type(m) is InvariantQuantizedLinear for g in groups for m in g):
+        return _fuse_quantized(attn, mlp, groups)
     if not all(type(m) is nn.Linear for g in groups for m in g):
         return None
     fused = []
@@ -184,8 +195,41 @@ def _fuse(layer: Any) -> _Fused | None:
     )
 
 
-def _linear(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.array:
-    """What ``nn.Linear`` computes, for a fused weight."""
+def _fuse_quantized(attn: Any, mlp: Any, groups: tuple[tuple[Any, ...], ...]) -> _Fused | None:
+    """``_fuse`` for kernel-quantized projections: output rows are quantized independently,
+    so stacking the packed weights, scales and biases row-wise is exact."""
+    fused: list[QuantWeight] = []
+    for modules in groups:
+        kinds = {m.quant.kind for m in modules}
+        if len(kinds) != 1 or any("bias" in m for m in modules):
+            return None
+        bits, group_size = kinds.pop()
+        arrays = [mx.concatenate([m.quant.arrays[i] for m in modules]) for i in range(3)]
+        mx.eval(arrays)
+        start = 0
+        for m in modules:  # the modules keep working, on views of the fused arrays
+            size = m.weight.shape[0]
+            m.weight, m.scales, m.biases = (a[start : start + size] for a in arrays)
+            start += size
+        mx.eval([(m.weight, m.scales, m.biases) for m in modules])
+        fused.append(QuantWeight(*arrays, bits, group_size))
+    qkv, gate_up = fused
+    return _Fused(
+        qkv=qkv,
+        qkv_bias=None,
+        q_size=attn.q_proj.weight.shape[0],
+        kv_size=attn.k_proj.weight.shape[0],
+        gate_up=gate_up,
+        gate_up_bias=None,
+        intermediate=mlp.gate_proj.weight.shape[0],
+    )
+
+
+def _linear(x: mx.array, weight: mx.array | QuantWeight, bias: mx.array | None) -> mx.array:
+    """What ``nn.Linear`` (or the kernel-quantized layer) computes, for a fused weight."""
+    if isinstance(weight, QuantWeight):
+        y = linear(x, weight)
+        return y if bias is None else y + bias
     return x @ weight.T if bias is None else mx.addmm(bias, x, weight.T)
 
 
@@ -227,7 +271,7 @@ class SlotTarget:
             kv_heads=attention.n_kv_heads,
             head_dim=attention.head_dim,
             hidden_size=self.hidden_size,
-            dtype=self.trunk.inner.embed_tokens.weight.dtype,
+            dtype=activation_dtype(self.trunk.inner),
             keep_hidden=self.keep_hidden,
         )
 
@@ -311,7 +355,7 @@ class SlotTarget:
             )
             + self.hidden_size
         )
-        return num_positions * per_position * self.trunk.inner.embed_tokens.weight.dtype.size
+        return num_positions * per_position * activation_dtype(self.trunk.inner).size
 
     saves_blocks = True
 
@@ -434,7 +478,7 @@ class SlotTarget:
         ):
             attn, norm = layer.self_attn, layer.input_layernorm
             queries_all, keys_all, values_all = compiled.project(
-                x, norm.weight, fused.qkv, positions, norm.eps
+                x, norm.weight, weight_arrays(fused.qkv), positions, norm.eps
             )
             attended = []
             for group in groups:
@@ -453,10 +497,10 @@ class SlotTarget:
             x = compiled.finish(
                 x,
                 mx.concatenate(attended) if len(attended) > 1 else attended[0],
-                attn.o_proj.weight,
+                weight_arrays(weight_of(attn.o_proj)),
                 norm.weight,
-                fused.gate_up,
-                layer.mlp.down_proj.weight,
+                weight_arrays(fused.gate_up),
+                weight_arrays(weight_of(layer.mlp.down_proj)),
                 norm.eps,
             )
         return x

@@ -38,6 +38,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
 
+from mtplx.models.quantized import (
+    InvariantQuantizedLinear,
+    linear_kind,
+    weight_kind,
+    weight_of,
+)
+
 logger = logging.getLogger(__name__)
 
 
@@ -64,7 +71,7 @@ def _same_rope(a: Any, b: Any) -> bool:
 
 
 def _plain_linear(module: Any) -> bool:
-    return type(module) is nn.Linear and "bias" not in module
+    return type(module) in (nn.Linear, InvariantQuantizedLinear) and "bias" not in module
 
 
 def _compile_works() -> bool:
@@ -83,17 +90,27 @@ class CompiledLayer:
     """The compiled pieces of one trunk's layers (they share shapes, so one trace serves all
     layers). Use ``for_trunk``: it returns None for layers these pieces do not describe."""
 
-    def __init__(self, attention: Any, q_size: int, kv_size: int, intermediate: int) -> None:
+    def __init__(
+        self,
+        attention: Any,
+        q_size: int,
+        kv_size: int,
+        intermediate: int,
+        kinds: tuple[tuple[int, int] | None, ...] = (None, None, None, None),
+    ) -> None:
+        # kinds: (bits, group size) of the qkv, o, gate/up and down weights, None for float
+        # ones; constants of the traces (the weights' arrays are their inputs).
+        qkv_kind, o_kind, gate_up_kind, down_kind = kinds
         heads, kv_heads = attention.n_heads, attention.n_kv_heads
         repeats = heads // kv_heads
         k_end = q_size + kv_size
         rope = attention.rope
 
         def project(
-            x: mx.array, norm: mx.array, qkv_weight: mx.array, positions: mx.array, eps: float
+            x: mx.array, norm: mx.array, qkv_weight: Any, positions: mx.array, eps: float
         ) -> tuple[mx.array, mx.array, mx.array]:
             # x [1, N, H] -> queries [N, heads, 1, d], keys and values [N, kv, 1, d]
-            qkv = (mx.fast.rms_norm(x, norm, eps) @ qkv_weight.T)[0]
+            qkv = linear_kind(mx.fast.rms_norm(x, norm, eps), qkv_weight, qkv_kind)[0]
             n = qkv.shape[0]
             roped = rope(qkv[:, :k_end].reshape(n, heads + kv_heads, 1, -1), offset=positions)
             return roped[:, :heads], roped[:, heads:], qkv[:, k_end:].reshape(n, kv_heads, 1, -1)
@@ -121,17 +138,17 @@ class CompiledLayer:
         def finish(
             x: mx.array,
             attended: mx.array,
-            o_weight: mx.array,
+            o_weight: Any,
             norm: mx.array,
-            gate_up_weight: mx.array,
-            down_weight: mx.array,
+            gate_up_weight: Any,
+            down_weight: Any,
             eps: float,
         ) -> mx.array:
             # x [1, N, H], attended [N, heads * d] -> [1, N, H]
-            x = x + attended[None] @ o_weight.T
-            gate_up = mx.fast.rms_norm(x, norm, eps) @ gate_up_weight.T
+            x = x + linear_kind(attended[None], o_weight, o_kind)
+            gate_up = linear_kind(mx.fast.rms_norm(x, norm, eps), gate_up_weight, gate_up_kind)
             gated = swiglu(gate_up[..., :intermediate], gate_up[..., intermediate:])
-            return x + gated @ down_weight.T
+            return x + linear_kind(gated, down_weight, down_kind)
 
         self.project: Callable[..., tuple[mx.array, mx.array, mx.array]] = mx.compile(project)
         self.attend: Callable[..., mx.array] = mx.compile(attend)
@@ -145,6 +162,16 @@ class CompiledLayer:
         if not layers or any(f is None for f in fused):
             return None
         first = layers[0].self_attn
+
+        def kinds_of(layer: Any, projections: Any) -> tuple[tuple[int, int] | None, ...]:
+            return (
+                weight_kind(projections.qkv),
+                weight_kind(weight_of(layer.self_attn.o_proj)),
+                weight_kind(projections.gate_up),
+                weight_kind(weight_of(layer.mlp.down_proj)),
+            )
+
+        kinds = kinds_of(layers[0], fused[0])
         for layer, projections in zip(layers, fused, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
             if (
@@ -154,6 +181,7 @@ class CompiledLayer:
                 or type(layer.post_attention_layernorm) is not nn.RMSNorm
                 or not _plain_linear(attn.o_proj)
                 or not _plain_linear(mlp.down_proj)
+                or kinds_of(layer, projections) != kinds
                 or (attn.n_heads, attn.n_kv_heads) != (first.n_heads, first.n_kv_heads)
                 or not _same_rope(attn.rope, first.rope)
                 or projections.q_size != fused[0].q_size
@@ -163,4 +191,4 @@ class CompiledLayer:
                 return None
         if not _compile_works():
             return None
-        return cls(first, fused[0].q_size, fused[0].kv_size, fused[0].intermediate)
+        return cls(first, fused[0].q_size, fused[0].kv_size, fused[0].intermediate, kinds)

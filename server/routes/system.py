@@ -91,6 +91,9 @@ async def health(request: Request) -> JSONResponse:
             context_length=engine.context_length,
             max_num_seqs=engine.max_num_seqs,
         )
+        weights = getattr(getattr(engine, "model", None), "weights", None)
+        if isinstance(weights, str):
+            body["weights"] = weights
         cache = ctx.scheduler.prefix_cache
         if cache is not None:
             body["prefix_cache"] = {

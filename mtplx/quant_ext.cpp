@@ -1,0 +1,134 @@
+// MLX primitive around quant_kernel.c's batch-invariant quantized product.
+//
+// A primitive (rather than a Python call on evaluated arrays) keeps the product inside
+// MLX's lazy graph: it composes with mx.compile, and async_eval runs it on the CPU stream's
+// worker thread while Python builds the next step. Built and cached by mtplx.quant.
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+namespace nb = nanobind;
+namespace mx = mlx::core;
+
+extern "C" {
+int mtplx_qmm(const float* x, int M, int K, const uint32_t* w, const void* scales,
+              const void* biases, int half, int N, int bits, int group, float* y);
+void mtplx_qmm_set_threads(int threads);
+int mtplx_qmm_threads(void);
+unsigned long mtplx_qmm_split_calls(void);
+int mtplx_qmm_fused(void);
+int mtplx_qmm_lanes(void);
+}
+
+namespace {
+
+class QuantizedRows : public mx::UnaryPrimitive {
+ public:
+  QuantizedRows(mx::Stream stream, int bits, int group)
+      : mx::UnaryPrimitive(stream), bits_(bits), group_(group) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const mx::array& x = inputs[0];
+    const mx::array& w = inputs[1];
+    const mx::array& scales = inputs[2];
+    const mx::array& biases = inputs[3];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(x);
+    encoder.set_input_array(w);
+    encoder.set_input_array(scales);
+    encoder.set_input_array(biases);
+    encoder.set_output_array(out);
+    const int K = static_cast<int>(x.shape(-1));
+    const int M = static_cast<int>(x.size() / (K > 0 ? K : 1));
+    const int N = static_cast<int>(w.shape(0));
+    encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
+                      s = mx::array::unsafe_weak_copy(scales),
+                      b = mx::array::unsafe_weak_copy(biases),
+                      y = mx::array::unsafe_weak_copy(out), M, K, N, bits = bits_,
+                      group = group_]() mutable {
+      const int half = s.dtype() == mx::float16;
+      if (mtplx_qmm(x.data<float>(), M, K, w.data<uint32_t>(), s.data<void>(), b.data<void>(),
+                    half, N, bits, group, y.data<float>()) != 0) {
+        throw std::runtime_error("mtplx quantized product: unsupported arguments");
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mtplx quantized product runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXQuantizedRows"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const QuantizedRows*>(&other);
+    return o != nullptr && o->bits_ == bits_ && o->group_ == group_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+
+ private:
+  int bits_;
+  int group_;
+};
+
+mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales,
+              const mx::array& biases, int bits, int group_size) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  if (group_size != 32 && group_size != 64 && group_size != 128)
+    throw std::invalid_argument("group_size must be 32, 64 or 128");
+  if (x.ndim() < 1 || w.ndim() != 2 || scales.ndim() != 2 || biases.ndim() != 2)
+    throw std::invalid_argument("x [..., K], w [N, K * bits / 32], scales/biases [N, K / g]");
+  const int K = static_cast<int>(x.shape(-1));
+  const int N = static_cast<int>(w.shape(0));
+  if (K % group_size != 0 || w.shape(1) * 32 / bits != K || scales.shape(0) != N ||
+      scales.shape(1) != K / group_size || biases.shape() != scales.shape())
+    throw std::invalid_argument("quantized product: shapes do not match");
+  if (w.dtype() != mx::uint32) throw std::invalid_argument("w must be uint32");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  auto xf = mx::contiguous(mx::astype(x, mx::float32, stream), false, stream);
+  auto wc = mx::contiguous(w, false, stream);
+  // float16 scales and biases are read as they are (exact), anything else as float32.
+  const auto params = scales.dtype() == mx::float16 && biases.dtype() == mx::float16
+                          ? mx::float16
+                          : mx::float32;
+  auto sc = mx::contiguous(mx::astype(scales, params, stream), false, stream);
+  auto bc = mx::contiguous(mx::astype(biases, params, stream), false, stream);
+  mx::Shape shape = x.shape();
+  shape.back() = N;
+  return mx::array(shape, mx::float32, std::make_shared<QuantizedRows>(stream, bits, group_size),
+                   {xf, wc, sc, bc});
+}
+
+}  // namespace
+
+NB_MODULE(_mtplx_quant, m) {
+  m.doc() = "Batch-invariant quantized products (MLX affine layout) for the CPU";
+  m.def("qmm", &qmm, nb::arg("x"), nb::arg("w"), nb::arg("scales"), nb::arg("biases"),
+        nb::arg("bits"), nb::arg("group_size"),
+        "x @ dequantize(w, scales, biases).T as a lazy MLX array (float32, CPU stream).");
+  m.def("set_threads", [](int t) { mtplx_qmm_set_threads(t); }, nb::arg("threads"));
+  m.def("threads", []() { return mtplx_qmm_threads(); });
+  m.def("split_calls", []() { return mtplx_qmm_split_calls(); });
+  m.def("fused", []() { return mtplx_qmm_fused() != 0; });
+  m.def("lanes", []() { return mtplx_qmm_lanes(); });
+}

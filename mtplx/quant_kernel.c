@@ -1,0 +1,463 @@
+/* Batch-invariant product of float32 rows with an MLX affine-quantized weight:
+ *
+ *     y[m, n] = sum_k x[m, k] * w[n, k],   w[n, k] = scale[n, g] * q[n, k] + bias[n, g]
+ *
+ * with g = k / group_size, q in 4 or 8 bits packed as MLX packs them (little-endian uint32
+ * words, element j of a word in bits [b j, b (j + 1)) for b bits), group sizes 32, 64, 128.
+ *
+ * Why a kernel of its own: MLX's CPU quantized_matmul dequantizes the weight again for every
+ * row (a verify of 8 tokens costs 8 single-token products), and its summation order, like
+ * any BLAS's, may depend on the shape. Decoding needs the opposite on both counts: a step of
+ * many rows should cost little more than a step of one (weights are read and unpacked once
+ * per call, for every row), and a token's logits must not depend on how many other tokens
+ * share its forward, so that speculative decoding and continuous batching give the tokens
+ * plain decoding gives.
+ *
+ * Order (the invariance): each weight is dequantized on its own, w = scale q + bias in one
+ * multiply-add, and an element's sum runs over "chunks" of 2 W consecutive k (W = the vector
+ * width: 8, or 16 for AVX-512 builds) into W lanes: each chunk adds its first vector of W
+ * terms, then its second, to the lanes with a multiply-add, chunks in ascending k; the lanes
+ * are then added in a fixed halving tree. Which k of a chunk goes to which lane is fixed by
+ * the bit width (4-bit chunks are unpacked even elements first, odd elements second, and x
+ * is permuted to match; 8-bit chunks are in order). Every step depends on the element's own
+ * inputs only: how many rows or columns a call has, how they are tiled into registers and
+ * which thread computes a column never changes a bit of it.
+ *
+ * Whether a multiply-add rounds once or twice is fixed per build (fused with FMA, as every
+ * x86 vector variant here is built), never by the compiler's choice (-ffp-contract=off).
+ *
+ * Speed: a column's weights are unpacked once per call. Up to TILE_ROWS rows they are
+ * unpacked in registers and applied to every row at once; beyond, a tile of columns is
+ * unpacked to a small scratch panel that stays in L1 while all row tiles pass over it.
+ * Columns are split between the calling thread and helpers in chunks of CHUNK_COLS.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define W 16
+#define COLS_1 8 /* register tile columns for 1, 2, 3, 4 rows (32 vector registers) */
+#define COLS_2 6
+#define COLS_3 5
+#define COLS_4 4
+#else
+#define W 8
+#define COLS_1 4 /* 16 vector registers: rows x cols accumulators + 2 cols weights + x */
+#define COLS_2 3
+#define COLS_3 2
+#define COLS_4 2
+#endif
+#define TILE_ROWS 4
+#define SPAN (2 * W) /* weights per chunk */
+
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+typedef uint8_t vb __attribute__((vector_size(W)));
+
+#if defined(__FMA__) || defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+#if defined(__FMA__) || defined(__AVX512F__)
+#define MTPLX_FUSED 1
+#if W == 16
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+#else
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+#endif
+static inline float sfma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+#elif defined(__FP_FAST_FMAF)
+#define MTPLX_FUSED 1
+static inline vf vfma(vf a, vf b, vf c) {
+    for (int i = 0; i < W; i++) c[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    return c;
+}
+static inline float sfma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+#else
+#define MTPLX_FUSED 0
+static inline vf vfma(vf a, vf b, vf c) { return c + a * b; }
+static inline float sfma(float a, float b, float c) { return a * b + c; }
+#endif
+
+/* Build facts for tests and reports. */
+int mtplx_qmm_fused(void) { return MTPLX_FUSED; }
+int mtplx_qmm_lanes(void) { return W; }
+
+static inline vf loadf(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline vf splat(float s) { return (vf){0} + s; }
+
+/* The fixed tree over an element's W lanes: the upper half added lane-wise to the lower
+ * half until one lane is left. */
+typedef float vh __attribute__((vector_size(W * 2)));
+static inline float reduce(vf v) {
+#if W == 16
+    vh h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    typedef float v4 __attribute__((vector_size(16)));
+    v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+#else
+    typedef float v4 __attribute__((vector_size(16)));
+    v4 q = __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+#endif
+    const float a = q[0] + q[2], b = q[1] + q[3];
+    return a + b;
+}
+
+/* W consecutive bytes, zero-extended to W int32 lanes (one vpmovzxbd where there is one:
+ * GCC's generic conversion goes through scalar registers). */
+static inline vi widen(const uint8_t *p) {
+#if W == 16
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    vi out;
+    memcpy(&out, &v, sizeof out);
+    return out;
+#elif defined(__AVX2__)
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    vi out;
+    memcpy(&out, &v, sizeof out);
+    return out;
+#else
+    vb raw;
+    memcpy(&raw, p, sizeof raw);
+    return __builtin_convertvector(raw, vi);
+#endif
+}
+
+/* One chunk of a column's weights, dequantized (w = scale * q + bias, one multiply-add):
+ * *a holds the chunk's first W (lane order as described above), *b its second W. */
+static inline __attribute__((always_inline)) void unpack(const uint8_t *p, const int bits,
+                                                          float scale, float bias, vf *a,
+                                                          vf *b) {
+    const vf s = splat(scale), o = splat(bias);
+    if (bits == 4) {
+        vi v = widen(p);
+        *a = vfma(__builtin_convertvector(v & 15, vf), s, o);
+        *b = vfma(__builtin_convertvector(v >> 4, vf), s, o);
+    } else {
+        *a = vfma(__builtin_convertvector(widen(p), vf), s, o);
+        *b = vfma(__builtin_convertvector(widen(p + W), vf), s, o);
+    }
+}
+
+typedef struct {
+    const float *x;      /* [M, K] rows in chunk lane order (see prepare) */
+    const uint8_t *w;    /* [N, K * bits / 8] */
+    const void *scales; /* [N, G], float32 or float16 (half) */
+    const void *biases; /* [N, G], the same type */
+    float *y;            /* [M, N] */
+    int M, N, K, G, bits, group, half;
+} qmm_t;
+
+/* A scale or bias: float32, or float16 (half the bytes to read; GGUF's own scales are
+ * float16, so nothing is rounded). The conversion is exact either way. */
+static inline float param(const qmm_t *p, const void *base, long i) {
+    if (p->half) {
+        uint16_t h;
+        memcpy(&h, (const uint16_t *)base + i, sizeof h);
+#if defined(__F16C__)
+        return _cvtsh_ss(h);
+#else
+        _Float16 f;
+        memcpy(&f, &h, sizeof f);
+        return (float)f;
+#endif
+    }
+    return ((const float *)base)[i];
+}
+
+/* The stores: each element's lanes reduced in the fixed tree. */
+static inline __attribute__((always_inline)) void finish_tile(const qmm_t *p, int m0,
+                                                               const int R, int n0,
+                                                               const int C, vf acc[][8]) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) p->y[(long)(m0 + r) * p->N + n0 + c] = reduce(acc[r][c]);
+}
+
+/* Rows m0..m0+R, columns n0..n0+C, weights unpacked in registers. */
+static inline __attribute__((always_inline)) void tile_direct(const qmm_t *p, const int bits,
+                                                               int m0, const int R, int n0,
+                                                               const int C) {
+    vf acc[TILE_ROWS][8];
+    const long row_bytes = (long)p->K * bits / 8, chunk_bytes = SPAN * bits / 8;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[r][c] = (vf){0};
+    const int per_group = p->group / SPAN;
+    for (int g = 0; g < p->G; g++) {
+        float scale[8], bias[8];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            scale[c] = param(p, p->scales, (long)(n0 + c) * p->G + g);
+            bias[c] = param(p, p->biases, (long)(n0 + c) * p->G + g);
+        }
+        for (int j = 0; j < per_group; j++) {
+            const long k = ((long)g * per_group + j) * SPAN;
+            vf a[8], b[8];
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++)
+                unpack(p->w + (long)(n0 + c) * row_bytes + (k / SPAN) * chunk_bytes, bits,
+                       scale[c], bias[c], &a[c], &b[c]);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                const float *xr = p->x + (long)(m0 + r) * p->K + k;
+                vf xa = loadf(xr), xb = loadf(xr + W);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++) {
+                    acc[r][c] = vfma(xa, a[c], acc[r][c]);
+                    acc[r][c] = vfma(xb, b[c], acc[r][c]);
+                }
+            }
+        }
+    }
+    finish_tile(p, m0, R, n0, C, acc);
+}
+
+/* Rows m0..m0+R against C columns already unpacked into panel [C][K] (same values and lane
+ * order as tile_direct's registers, so the same bits). */
+static inline __attribute__((always_inline)) void tile_panel(const qmm_t *p, const float *panel,
+                                                              int m0, const int R, int n0,
+                                                              const int C) {
+    vf acc[TILE_ROWS][8];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) acc[r][c] = (vf){0};
+    for (long k = 0; k < p->K; k += SPAN) {
+        vf a[4], b[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            a[c] = loadf(panel + (long)c * p->K + k);
+            b[c] = loadf(panel + (long)c * p->K + k + W);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const float *xr = p->x + (long)(m0 + r) * p->K + k;
+            vf xa = loadf(xr), xb = loadf(xr + W);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                acc[r][c] = vfma(xa, a[c], acc[r][c]);
+                acc[r][c] = vfma(xb, b[c], acc[r][c]);
+            }
+        }
+    }
+    finish_tile(p, m0, R, n0, C, acc);
+}
+
+#define PANEL_COLS 2 /* columns unpacked to the panel at a time (many rows) */
+
+static inline __attribute__((always_inline)) void unpack_panel(const qmm_t *p, const int bits,
+                                                                int n0, int C, float *panel) {
+    const long row_bytes = (long)p->K * bits / 8, chunk_bytes = SPAN * bits / 8;
+    const int per_group = p->group / SPAN;
+    for (int c = 0; c < C; c++) {
+        const uint8_t *wr = p->w + (long)(n0 + c) * row_bytes;
+        for (int g = 0; g < p->G; g++) {
+            const float scale = param(p, p->scales, (long)(n0 + c) * p->G + g);
+            const float bias = param(p, p->biases, (long)(n0 + c) * p->G + g);
+            for (int j = 0; j < per_group; j++) {
+                const long chunk = (long)g * per_group + j;
+                vf a, b;
+                unpack(wr + chunk * chunk_bytes, bits, scale, bias, &a, &b);
+                memcpy(panel + (long)c * p->K + chunk * SPAN, &a, sizeof a);
+                memcpy(panel + (long)c * p->K + chunk * SPAN + W, &b, sizeof b);
+            }
+        }
+    }
+}
+
+#define DIRECT_ROWS(R, CR)                                                                   \
+    do {                                                                                     \
+        int n = n0;                                                                          \
+        for (; n + (CR) <= n1; n += (CR)) tile_direct(p, bits, 0, R, n, CR);                 \
+        for (; n < n1; n++) tile_direct(p, bits, 0, R, n, 1);                                \
+    } while (0)
+
+/* Columns n0..n1 of the product, all rows. */
+static inline __attribute__((always_inline)) void columns_bits(const qmm_t *p, const int bits,
+                                                                int n0, int n1) {
+    switch (p->M) {
+    case 1: DIRECT_ROWS(1, COLS_1); return;
+    case 2: DIRECT_ROWS(2, COLS_2); return;
+    case 3: DIRECT_ROWS(3, COLS_3); return;
+    case 4: DIRECT_ROWS(4, COLS_4); return;
+    default: break;
+    }
+    float *panel = aligned_alloc(64, sizeof(float) * (size_t)PANEL_COLS * (size_t)p->K + 64);
+    for (int n = n0; n < n1; n += PANEL_COLS) {
+        const int C = n1 - n < PANEL_COLS ? n1 - n : PANEL_COLS;
+        unpack_panel(p, bits, n, C, panel);
+        int m = 0;
+        for (; m + TILE_ROWS <= p->M; m += TILE_ROWS) {
+            if (C == PANEL_COLS) tile_panel(p, panel, m, TILE_ROWS, n, PANEL_COLS);
+            else tile_panel(p, panel, m, TILE_ROWS, n, 1);
+        }
+        const int R = p->M - m;
+        for (int c = 0; c < C; c++) { /* the last rows, one column at a time */
+            const float *col = panel + (long)c * p->K;
+            qmm_t q = *p;
+            switch (R) {
+            case 1: tile_panel(&q, col, m, 1, n + c, 1); break;
+            case 2: tile_panel(&q, col, m, 2, n + c, 1); break;
+            case 3: tile_panel(&q, col, m, 3, n + c, 1); break;
+            default: break;
+            }
+        }
+    }
+    free(panel);
+}
+
+static void columns(const qmm_t *p, int n0, int n1) {
+    if (p->bits == 4) columns_bits(p, 4, n0, n1);
+    else columns_bits(p, 8, n0, n1);
+}
+
+/* -- threads: columns in chunks, taken by whichever thread is free ---------------------- */
+
+enum { MAX_THREADS = 8, SPIN_ROUNDS = 4000, CHUNK_COLS = 64, MIN_PARALLEL_BYTES = 1 << 16 };
+
+static int threads_wanted = 1;
+static int num_helpers = 0;
+static qmm_t shared;
+static atomic_ulong ticket; /* serial << 32 | chunks << 16 | next chunk */
+static atomic_int busy_helpers;
+static atomic_ulong split_calls;
+static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t wake_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static void take_chunks(void) {
+    unsigned long t = atomic_load_explicit(&ticket, memory_order_acquire);
+    for (;;) {
+        unsigned long count = (t >> 16) & 0xffff, next = t & 0xffff;
+        if (next >= count) return;
+        if (!atomic_compare_exchange_weak_explicit(&ticket, &t, t + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        int n0 = (int)next * CHUNK_COLS, n1 = n0 + CHUNK_COLS;
+        columns(&shared, n0, n1 < shared.N ? n1 : shared.N);
+        t = atomic_load_explicit(&ticket, memory_order_acquire);
+    }
+}
+
+static void *helper_main(void *arg) {
+    (void)arg;
+    unsigned long serial = atomic_load(&ticket) >> 32;
+    for (;;) {
+        int spins = 0;
+        /* Spin briefly (a forward's products come in quick runs), then sleep. */
+        while ((atomic_load_explicit(&ticket, memory_order_acquire) >> 32) == serial) {
+            if (++spins < SPIN_ROUNDS) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&wake_lock);
+            while ((atomic_load(&ticket) >> 32) == serial) pthread_cond_wait(&wake, &wake_lock);
+            pthread_mutex_unlock(&wake_lock);
+            spins = 0;
+        }
+        serial = atomic_load(&ticket) >> 32;
+        atomic_fetch_add(&busy_helpers, 1);
+        take_chunks();
+        atomic_fetch_sub(&busy_helpers, 1);
+    }
+    return NULL;
+}
+
+static void after_fork_in_child(void) {
+    num_helpers = 0;
+    atomic_store(&busy_helpers, 0);
+    pthread_mutex_init(&call_lock, NULL);
+    pthread_mutex_init(&wake_lock, NULL);
+    pthread_cond_init(&wake, NULL);
+}
+
+static void start_helpers(void) {
+    static int fork_handler = 0;
+    if (!fork_handler) fork_handler = pthread_atfork(NULL, NULL, after_fork_in_child) == 0;
+    while (num_helpers < threads_wanted - 1) {
+        pthread_t thread;
+        if (pthread_create(&thread, NULL, helper_main, NULL) != 0) break;
+        pthread_detach(thread);
+        num_helpers++;
+    }
+}
+
+static void run(const qmm_t *p) {
+    const long bytes = (long)p->N * p->K * p->bits / 8;
+    const long chunks = ((long)p->N + CHUNK_COLS - 1) / CHUNK_COLS;
+    if (threads_wanted <= 1 || bytes < MIN_PARALLEL_BYTES || chunks < 2 || chunks > 0xffff ||
+        pthread_mutex_trylock(&call_lock) != 0) {
+        columns(p, 0, p->N);
+        return;
+    }
+    start_helpers();
+    atomic_fetch_add_explicit(&split_calls, 1, memory_order_relaxed);
+    shared = *p;
+    unsigned long serial = (atomic_load(&ticket) >> 32) + 1;
+    pthread_mutex_lock(&wake_lock);
+    atomic_store_explicit(&ticket, (serial << 32) | ((unsigned long)chunks << 16),
+                          memory_order_release);
+    pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&wake_lock);
+    take_chunks();
+    while (atomic_load_explicit(&busy_helpers, memory_order_acquire) != 0) cpu_relax();
+    pthread_mutex_unlock(&call_lock);
+}
+
+/* How many threads (the caller included, at most MAX_THREADS) may split a product. */
+void mtplx_qmm_set_threads(int threads) {
+    threads_wanted = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
+}
+
+int mtplx_qmm_threads(void) { return threads_wanted; }
+
+/* Products computed by more than one thread so far (lets tests see the split happen). */
+unsigned long mtplx_qmm_split_calls(void) { return atomic_load(&split_calls); }
+
+/* y[M, N] = x[M, K] @ dequantize(w, scales, biases)^T, scales and biases float32, or
+ * float16 when half is nonzero. Returns 0, or -1 for arguments the
+ * kernel does not take (bits other than 4/8, a group size not a multiple of 2 W, K not a
+ * multiple of the group size), before touching y. */
+int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scales,
+              const void *biases, int half, int N, int bits, int group, float *y) {
+    if ((bits != 4 && bits != 8) || group <= 0 || group % SPAN != 0 || K % group != 0)
+        return -1;
+    if (M <= 0 || N <= 0) return 0;
+    const int G = K / group;
+    float *xp = NULL;
+    if (bits == 4) { /* x in chunk lane order: even elements, then odd ones */
+        xp = malloc(sizeof(float) * (size_t)M * K + 64);
+        for (int m = 0; m < M; m++) {
+            const float *xr = x + (long)m * K;
+            float *out = xp + (long)m * K;
+            for (int k = 0; k < K; k += SPAN)
+                for (int l = 0; l < W; l++) {
+                    out[k + l] = xr[k + 2 * l];
+                    out[k + W + l] = xr[k + 2 * l + 1];
+                }
+        }
+    }
+    qmm_t p = {xp ? xp : x, (const uint8_t *)w, scales, biases, y, M, N, K, G, bits, group,
+               half != 0};
+    run(&p);
+    free(xp);
+    return 0;
+}
