@@ -32,6 +32,7 @@ __all__ = [
     "completion_prompts",
     "count_prompts",
     "in_tokenizer_thread",
+    "message_chars",
 ]
 
 # More characters per token than any tokenizer averages over a whole prompt (English runs
@@ -135,7 +136,7 @@ def _size(value: Any, budget: int) -> int:
     return total
 
 
-def _message_chars(message: ChatMessage, budget: int) -> int:
+def message_chars(message: ChatMessage, budget: int) -> int:
     """Characters of everything in a message the prompt renders: content (every text
     part), name, tool call ids, names and arguments."""
     content = message.content
@@ -170,7 +171,7 @@ def check_prompt_size(
     if isinstance(body, ChatCompletionRequest):
         chars = 0
         for message in body.messages:
-            chars += _message_chars(message, max_chars - chars)
+            chars += message_chars(message, max_chars - chars)
             if chars > max_chars:
                 raise _too_long(
                     "messages", f"your messages are over {max_chars} characters", context_length
