@@ -208,11 +208,29 @@ def check_prompt_size(
 
 
 def message_text(message: ChatMessage, index: int) -> str:
-    """The text of a message's content (text parts joined by newlines; null is empty)."""
+    """The text of a message's content (text parts joined by newlines; an assistant's or a
+    tool's null is empty). As OpenAI: a user, system or developer message must carry
+    content, and a list of parts may not be empty."""
+    where = f"messages[{index}].content"
     if message.content is None:
+        if message.role in ("user", "system", "developer"):
+            raise APIError(
+                400,
+                f"Missing required parameter: '{where}'.",
+                param=where,
+                code="missing_required_parameter",
+            )
         return ""
     if isinstance(message.content, str):
         return message.content
+    if not message.content:
+        raise APIError(
+            400,
+            f"Invalid '{where}': empty array. Expected an array with minimum length 1, but got "
+            "an empty array instead.",
+            param=where,
+            code="empty_array",
+        )
     texts = []
     for j, part in enumerate(message.content):
         where = f"messages[{index}].content[{j}]"
