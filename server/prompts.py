@@ -171,7 +171,9 @@ def check_prompt_size(
     if isinstance(body, ChatCompletionRequest):
         chars = 0
         for message in body.messages:
-            chars += message_chars(message, max_chars - chars)
+            # A message renders at least one token of its own (its role header), so that
+            # many tiny messages cannot hold the tokenizer for seconds within the bound.
+            chars += CHARS_PER_TOKEN_BOUND + message_chars(message, max_chars - chars)
             if chars > max_chars:
                 raise _too_long(
                     "messages", f"your messages are over {max_chars} characters", context_length

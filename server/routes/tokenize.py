@@ -89,7 +89,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
         # arguments), before the tokenizer is held.
         chars = 0
         for message in body.messages:
-            chars += message_chars(message, max_chars - chars)
+            chars += CHARS_PER_TOKEN_BOUND + message_chars(message, max_chars - chars)
             if chars > max_chars:
                 raise APIError(400, "the messages are too long to tokenize", param="messages")
         kwargs = check_template_kwargs(body.chat_template_kwargs)

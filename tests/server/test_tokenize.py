@@ -75,14 +75,17 @@ async def test_bad_requests_get_openai_errors(
                 }
             ],
         },
+        [{"role": "user", "content": "x"}] * 4_096,
     ],
-    ids=["name", "text-part", "tool-call-arguments"],
+    ids=["name", "text-part", "tool-call-arguments", "many-messages"],
 )
 async def test_every_part_of_the_messages_counts_before_tokenizing(
-    client: httpx.AsyncClient, message: dict[str, Any]
+    client: httpx.AsyncClient, message: dict[str, Any] | list[dict[str, Any]]
 ) -> None:
     """As on the chat route, a name, a text part or a tool call's arguments past what the
-    context can hold is a 400 before the tokenizer is held (4,096 x 16 characters here)."""
-    r = await client.post("/tokenize", json={"messages": [message]})
+    context can hold, or more messages than it has tokens, is a 400 before the tokenizer is
+    held (4,096 x 16 characters here)."""
+    messages = message if isinstance(message, list) else [message]
+    r = await client.post("/tokenize", json={"messages": messages})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "messages"
