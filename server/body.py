@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -115,8 +116,10 @@ def _locate_problem(data: Any, max_depth: int) -> None:
             stack.extend((item, (*path, i)) for i, item in enumerate(value))
 
 
-def decode_json(raw: bytes, model: type[M]) -> M:
-    """``raw`` parsed, checked and validated as ``model``; 400 APIErrors otherwise."""
+def decode_json(raw: bytes, model: type[M], max_items: Mapping[str, int] | None = None) -> M:
+    """``raw`` parsed, checked and validated as ``model``; 400 APIErrors otherwise.
+    ``max_items``: the most items a top-level list field may hold, checked before the
+    rest (validating a huge list holds the GIL for seconds)."""
     try:
         data = json.loads(raw)
     except RecursionError as exc:  # the C parser recurses once per nesting level
@@ -131,6 +134,17 @@ def decode_json(raw: bytes, model: type[M]) -> M:
         ) from exc
     if not isinstance(data, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
+    for name, limit in (max_items or {}).items():
+        value = data.get(name)
+        if isinstance(value, list) and len(value) > limit:
+            raise APIError(
+                400,
+                f"Invalid '{name}': array too long. Expected an array with maximum length "
+                f"{limit} (the model's context in tokens), but got an array with length "
+                f"{len(value)} instead.",
+                param=name,
+                code="array_above_max_length",
+            )
     check_json_values(data)
     try:
         return model.model_validate(data)
@@ -143,9 +157,12 @@ def _is_json(content_type: str) -> bool:
     return media_type == "application/json"
 
 
-async def parse_json_body(request: Request, model: type[M]) -> M:
+async def parse_json_body(
+    request: Request, model: type[M], max_items: Mapping[str, int] | None = None
+) -> M:
     """The body validated as ``model``: 415 unless it is sent as ``application/json``, 400
-    (never 422) for malformed JSON or values."""
+    (never 422) for malformed JSON or values, or a list field longer than ``max_items``
+    allows."""
     content_type = request.headers.get("content-type", "")
     if not _is_json(content_type):
         raise APIError(
@@ -155,7 +172,7 @@ async def parse_json_body(request: Request, model: type[M]) -> M:
             code="unsupported_media_type",
         )
     raw = await request.body()
-    return await run_in_threadpool(decode_json, raw, model)
+    return await run_in_threadpool(decode_json, raw, model, max_items)
 
 
 def validate_part(model: type[M], value: Any, path: tuple[str | int, ...]) -> M:

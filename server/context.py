@@ -30,6 +30,15 @@ class AppContext:
     started_at: float = field(default_factory=time.time)
     _reasoning: tuple[Any, ReasoningParser | None] | None = field(default=None, repr=False)
 
+    def item_limits(self, *fields: str) -> dict[str, int]:
+        """At most as many items in each of ``fields`` (messages, tools, input items) as
+        the context has tokens: each renders one token at least. Checked on the parsed
+        JSON before validation, which holds the GIL (a 15 MB body of 420k messages
+        stalled every request for 5 s). Empty while the model loads."""
+        if self.scheduler.state != "ready":
+            return {}
+        return dict.fromkeys(fields, self.scheduler.engine.context_length)
+
     def engine(self) -> EngineLike:
         """The engine, or a 503 APIError while it loads (or after it failed to), or while the
         server drains for shutdown."""

@@ -104,3 +104,45 @@ def test_a_million_short_strings_pass_the_quick_walk():
     data = {"stop": ["ab"] * 1_000_000}
     check_json_values(data)
     assert not _has_problem(data, MAX_JSON_DEPTH)
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "item"),
+    [
+        (CHAT, "messages", {"role": "user", "content": "x"}),
+        (CHAT, "tools", {"type": "function", "function": {"name": "f"}}),
+        ("/v1/messages", "messages", {"role": "user", "content": "x"}),
+        ("/v1/messages/count_tokens", "messages", {"role": "user", "content": "x"}),
+        ("/v1/responses", "input", {"role": "user", "content": "x"}),
+        ("/tokenize", "messages", {"role": "user", "content": "x"}),
+    ],
+)
+async def test_lists_longer_than_the_context_are_refused_before_validation(
+    client, monkeypatch, path, field, item
+):
+    """More messages, tools or input items than the context has tokens (each renders one
+    at least) is a 400 naming the field before pydantic validates them: validating 420k
+    messages held the GIL, and so every other request, for 5 s."""
+    import server.body
+
+    validated = []
+    real = server.body.check_json_values
+    monkeypatch.setattr(server.body, "check_json_values", lambda d: validated.append(d) or real(d))
+    body = {"model": "fake-model", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+    if path == "/v1/responses":
+        body = {"model": "fake-model", "input": "x"}
+    if path == "/tokenize":
+        body = {"messages": [{"role": "user", "content": "x"}]}
+    body[field] = [item] * 4097  # the fake engine's context: 4,096 tokens
+    r = await client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert "array too long" in error["message"] and not validated
+    if not path.startswith("/v1/messages"):
+        assert error["param"] == field and error["code"] == "array_above_max_length"
+
+
+def test_decode_json_checks_list_lengths_first():
+    raw = json.dumps(chat_body(messages=[{"role": "user", "content": "x"}] * 3)).encode()
+    with pytest.raises(APIError, match="maximum length 2"):
+        decode_json(raw, CompletionRequest, {"messages": 2})
