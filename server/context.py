@@ -39,6 +39,15 @@ class AppContext:
             return {}
         return dict.fromkeys(fields, self.scheduler.engine.context_length)
 
+    def max_json_len(self) -> int | None:
+        """The most items any array or object in a generation request may hold: the
+        context's tokens or the vocabulary, whichever is larger (a prompt of token ids, a
+        ``logit_bias`` over the vocabulary). None while the model loads."""
+        if self.scheduler.state != "ready":
+            return None
+        engine = self.scheduler.engine
+        return max(engine.context_length, getattr(engine, "vocab_size", 0))
+
     def engine(self) -> EngineLike:
         """The engine, or a 503 APIError while it loads (or after it failed to), or while the
         server drains for shutdown."""

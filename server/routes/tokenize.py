@@ -69,7 +69,9 @@ def _check_model(ctx: Any, model: str | None) -> None:
 async def tokenize(request: Request) -> dict[str, Any]:
     """``{"count", "max_model_len", "tokens"}`` (+ ``token_strs`` when asked)."""
     ctx = get_context(request)
-    body = await parse_json_body(request, TokenizeRequest, ctx.item_limits("messages"))
+    body = await parse_json_body(
+        request, TokenizeRequest, ctx.item_limits("messages"), ctx.max_json_len()
+    )
     engine = ctx.engine()  # 503 while the model loads
     _check_model(ctx, body.model)
     tokenizer = engine.tokenizer
