@@ -202,7 +202,7 @@ class Engine:
         checked and compiled (cached for ``add``). Blocks; the server runs it on the grammar
         thread (``mtplx.grammar.grammar_thread``) before ``add``."""
         if request.grammar is not None:
-            self.grammars.compile(request.grammar)
+            self.grammars.prepare(request.grammar, budget=request.close_within_budget)
 
     def add(self, request: GenerationRequest, tag: object = None) -> Sequence:
         """Put ``request`` into the running batch; its prompt is prefilled by the next

@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -67,6 +67,13 @@ class GrammarSpec:
     kind: GrammarKind
     source: str = ""
     param: str = "response_format"
+    # Filled by GrammarCompiler.compile (not part of the value): (compiler, matcher), so that
+    # a request's matcher stays with it from admission until the engine thread adds it,
+    # whatever the compiler's cache evicts meanwhile (a recompile there would hold up the
+    # batch behind every grammar queued on the grammar thread).
+    compiled: tuple[Any, Any] | None = field(
+        default=None, init=False, compare=False, hash=False, repr=False
+    )
 
     @classmethod
     def json_object(cls, param: str = "response_format") -> GrammarSpec:
@@ -235,18 +242,29 @@ class GrammarCompiler:
         tokenizer on the grammar thread. Raises InvalidParameter when ``spec`` is invalid or
         admits no output at all. The server calls it before admission, so that the engine
         thread finds the matcher ready."""
+        if spec.compiled is not None and spec.compiled[0] is self:
+            return spec.compiled[1]
         with self._lock:
             matcher = self._compiled.get(spec)
             if matcher is not None:
                 self._compiled.move_to_end(spec)
-                return matcher
-        grammar = check_grammar(spec)
-        matcher = _on_grammar_thread(self._build, spec, grammar)
-        with self._lock:
-            self._compiled[spec] = matcher
-            while len(self._compiled) > _CACHE_SIZE:
-                self._compiled.popitem(last=False)
+        if matcher is None:
+            grammar = check_grammar(spec)
+            matcher = _on_grammar_thread(self._build, spec, grammar)
+            with self._lock:
+                self._compiled[spec] = matcher
+                while len(self._compiled) > _CACHE_SIZE:
+                    self._compiled.popitem(last=False)
+        object.__setattr__(spec, "compiled", (self, matcher))  # frozen: a cache slot
         return matcher
+
+    def prepare(self, spec: GrammarSpec, budget: bool = False) -> None:
+        """Everything ``state`` needs, made ahead (on the grammar thread, before admission):
+        the compiled matcher, kept on ``spec``, and with ``budget`` the closing index, so
+        that the engine thread never waits for the grammar thread."""
+        self.compile(spec)
+        if budget:
+            self._closing()
 
     def _build(self, spec: GrammarSpec, grammar: str) -> Any:
         from llguidance import LLMatcher, LLParserLimits

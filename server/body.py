@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -39,7 +40,7 @@ def _bad_string(text: str) -> bool:
     return not text.isascii() and _SURROGATE.search(text) is not None
 
 
-def _has_problem(data: Any, max_depth: int) -> bool:
+def _has_problem(data: Any, max_depth: int, max_len: int | None = None) -> bool:
     """Whether ``check_json_values`` would raise: the same walk without building the path
     of every value (a body of a million short strings takes a fraction of the time)."""
     stack: list[tuple[Any, int]] = [(data, 0)]
@@ -47,6 +48,8 @@ def _has_problem(data: Any, max_depth: int) -> bool:
         value, depth = stack.pop()
         if depth > max_depth or (depth == max_depth and isinstance(value, dict | list) and value):
             return True  # the value, or its items, are nested too deep
+        if max_len is not None and isinstance(value, dict | list) and len(value) > max_len:
+            return True  # before its items are walked
         if isinstance(value, dict):
             for key, item in value.items():
                 if _bad_string(key):
@@ -68,20 +71,32 @@ def _has_problem(data: Any, max_depth: int) -> bool:
     return False
 
 
-def check_json_values(data: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+def check_json_values(
+    data: Any, max_depth: int = MAX_JSON_DEPTH, max_len: int | None = None
+) -> None:
     """Raise a 400 APIError for nesting deeper than ``max_depth`` or a string (value or
     key) holding a lone surrogate, naming where. Iterative: depth costs no recursion. A
     quick walk first; the one that tracks where each value is runs only when it finds
-    something."""
-    if _has_problem(data, max_depth):
-        _locate_problem(data, max_depth)
+    something. ``max_len``: the most items any array or object may hold (None: any),
+    checked before its items are walked."""
+    if _has_problem(data, max_depth, max_len):
+        _locate_problem(data, max_depth, max_len)
 
 
-def _locate_problem(data: Any, max_depth: int) -> None:
+def _locate_problem(data: Any, max_depth: int, max_len: int | None = None) -> None:
     """The APIError naming the first problem ``_has_problem`` found."""
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(data, ())]
     while stack:
         value, path = stack.pop()
+        if max_len is not None and isinstance(value, dict | list) and len(value) > max_len:
+            kind = "array" if isinstance(value, list) else "object"
+            raise APIError(
+                400,
+                f"Invalid '{field_path(path)}': {kind} too long. Expected at most {max_len} "
+                f"items, but got {len(value)} instead.",
+                param=field_path(path),
+                code=f"{kind}_above_max_length",
+            )
         if len(path) > max_depth:
             raise APIError(
                 400,
@@ -115,8 +130,16 @@ def _locate_problem(data: Any, max_depth: int) -> None:
             stack.extend((item, (*path, i)) for i, item in enumerate(value))
 
 
-def decode_json(raw: bytes, model: type[M]) -> M:
-    """``raw`` parsed, checked and validated as ``model``; 400 APIErrors otherwise."""
+def decode_json(
+    raw: bytes,
+    model: type[M],
+    max_items: Mapping[str, int] | None = None,
+    max_len: int | None = None,
+) -> M:
+    """``raw`` parsed, checked and validated as ``model``; 400 APIErrors otherwise.
+    ``max_items``: the most items a top-level list field may hold; ``max_len``: the most
+    any array or object in the body may hold. Both are checked before validation, which
+    holds the GIL (every other request waits) for seconds on a list of 400k items."""
     try:
         data = json.loads(raw)
     except RecursionError as exc:  # the C parser recurses once per nesting level
@@ -131,7 +154,18 @@ def decode_json(raw: bytes, model: type[M]) -> M:
         ) from exc
     if not isinstance(data, dict):
         raise APIError(400, "The request body must be a JSON object.", code="invalid_json")
-    check_json_values(data)
+    for name, limit in (max_items or {}).items():
+        value = data.get(name)
+        if isinstance(value, list) and len(value) > limit:
+            raise APIError(
+                400,
+                f"Invalid '{name}': array too long. Expected an array with maximum length "
+                f"{limit} (the model's context in tokens), but got an array with length "
+                f"{len(value)} instead.",
+                param=name,
+                code="array_above_max_length",
+            )
+    check_json_values(data, max_len=max_len)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -143,9 +177,15 @@ def _is_json(content_type: str) -> bool:
     return media_type == "application/json"
 
 
-async def parse_json_body(request: Request, model: type[M]) -> M:
+async def parse_json_body(
+    request: Request,
+    model: type[M],
+    max_items: Mapping[str, int] | None = None,
+    max_len: int | None = None,
+) -> M:
     """The body validated as ``model``: 415 unless it is sent as ``application/json``, 400
-    (never 422) for malformed JSON or values."""
+    (never 422) for malformed JSON or values, or lists longer than ``max_items`` and
+    ``max_len`` allow (``decode_json``)."""
     content_type = request.headers.get("content-type", "")
     if not _is_json(content_type):
         raise APIError(
@@ -155,7 +195,7 @@ async def parse_json_body(request: Request, model: type[M]) -> M:
             code="unsupported_media_type",
         )
     raw = await request.body()
-    return await run_in_threadpool(decode_json, raw, model)
+    return await run_in_threadpool(decode_json, raw, model, max_items, max_len)
 
 
 def validate_part(model: type[M], value: Any, path: tuple[str | int, ...]) -> M:

@@ -10,8 +10,11 @@ protocol with:
   keep-alive connection); else the server answers 408 and closes. It is a deadline, not an
   idle timeout, so dripping one byte at a time does not extend it.
 - a **body idle timeout**: while a request's body is incomplete, ``body_timeout`` seconds
-  without a byte close the connection (the app sees the client's disconnect). Time while the
-  server itself stopped reading (flow control) does not count.
+  without a byte close the connection (the app sees the client's disconnect), and so does a
+  body that arrives slower than ``MIN_BODY_RATE`` bytes a second over a ``body_timeout``
+  window (Apache's mod_reqtimeout rule: a byte every few seconds would otherwise hold a
+  connection for days, and a cap's worth of them would refuse every new client). Time while
+  the server itself stopped reading (flow control) does not count.
 - a **connection cap**: past ``max_connections`` open connections, the one that has waited
   longest for a request head is closed to make room (an idle or slow socket gives way to a
   client that is about to send); when every connection is busy with a request, the new one
@@ -42,6 +45,7 @@ from server.errors import error_body
 __all__ = [
     "ACCEPT_BACKLOG",
     "FD_RESERVE",
+    "MIN_BODY_RATE",
     "ConnectionGuard",
     "ConnectionLimits",
     "connection_cap",
@@ -58,6 +62,8 @@ FD_RESERVE = 128
 ACCEPT_BACKLOG = 256
 # A hard limit of "unlimited" is raised this far.
 _UNLIMITED_FDS = 1 << 16
+# The slowest a request body may arrive, in bytes a second over each body_timeout window.
+MIN_BODY_RATE = 500
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,8 @@ class GuardedH11Protocol(H11Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._last_data = time.monotonic()
+        self._window_start = self._last_data  # the body rate's window and its bytes
+        self._window_bytes = 0
         super().connection_made(transport)
         guard = self.guard
         guard.open += 1
@@ -194,6 +202,7 @@ class GuardedH11Protocol(H11Protocol):
         """Note the time (for the body idle timeout), then let h11 parse; a head that
         arrived ends the head deadline."""
         self._last_data = time.monotonic()
+        self._window_bytes += len(data)
         super().data_received(data)
         self._follow_phase()
 
@@ -219,6 +228,7 @@ class GuardedH11Protocol(H11Protocol):
                 self._head_timer.cancel()
                 self._head_timer = None
         if state is h11.SEND_BODY and self._body_timer is None:
+            self._window_start, self._window_bytes = time.monotonic(), 0
             self._body_timer = self.loop.call_later(
                 self.guard.limits.body_timeout, self._check_body
             )
@@ -254,16 +264,30 @@ class GuardedH11Protocol(H11Protocol):
         if self.transport.is_closing() or self.conn.their_state is not h11.SEND_BODY:
             return
         timeout = self.guard.limits.body_timeout
-        idle = time.monotonic() - self._last_data
+        now = time.monotonic()
         if self.flow.read_paused:  # the server stopped reading: the client is not idle
-            self._last_data = time.monotonic()
-            idle = 0.0
+            self._last_data = self._window_start = now
+            self._window_bytes = 0
+        idle = now - self._last_data
         if idle >= timeout:
             self.guard.count("body_timeout")
             log.info("closed a connection whose request body stalled for %gs", timeout)
             self._close()
             return
-        self._body_timer = self.loop.call_later(timeout - idle, self._check_body)
+        window = now - self._window_start
+        if window >= timeout:
+            if self._window_bytes < MIN_BODY_RATE * window:
+                self.guard.count("body_timeout")
+                log.info(
+                    "closed a connection whose request body arrived slower than %d bytes/s",
+                    MIN_BODY_RATE,
+                )
+                self._close()
+                return
+            self._window_start, self._window_bytes, window = now, 0, 0.0
+        self._body_timer = self.loop.call_later(
+            min(timeout - idle, timeout - window), self._check_body
+        )
 
     # -- closing ------------------------------------------------------------------------
 

@@ -30,6 +30,24 @@ class AppContext:
     started_at: float = field(default_factory=time.time)
     _reasoning: tuple[Any, ReasoningParser | None] | None = field(default=None, repr=False)
 
+    def item_limits(self, *fields: str) -> dict[str, int]:
+        """At most as many items in each of ``fields`` (messages, tools, input items) as
+        the context has tokens: each renders one token at least. Checked on the parsed
+        JSON before validation, which holds the GIL (a 15 MB body of 420k messages
+        stalled every request for 5 s). Empty while the model loads."""
+        if self.scheduler.state != "ready":
+            return {}
+        return dict.fromkeys(fields, self.scheduler.engine.context_length)
+
+    def max_json_len(self) -> int | None:
+        """The most items any array or object in a generation request may hold: the
+        context's tokens or the vocabulary, whichever is larger (a prompt of token ids, a
+        ``logit_bias`` over the vocabulary). None while the model loads."""
+        if self.scheduler.state != "ready":
+            return None
+        engine = self.scheduler.engine
+        return max(engine.context_length, getattr(engine, "vocab_size", 0))
+
     def engine(self) -> EngineLike:
         """The engine, or a 503 APIError while it loads (or after it failed to), or while the
         server drains for shutdown."""

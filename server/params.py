@@ -76,6 +76,13 @@ def check_common(
         raise APIError(
             400, f"n must be <= {settings.max_n}, got {body.n}", param="n", code="invalid_value"
         )
+    if isinstance(body, CompletionRequest) and body.best_of is not None and body.best_of < body.n:
+        raise APIError(
+            400,
+            f"best_of must be >= n, got best_of {body.best_of} and n {body.n}",
+            param="best_of",
+            code="invalid_value",
+        )
     prompts = count_prompts(body.prompt) if isinstance(body, CompletionRequest) else 1
     if prompts * body.n > settings.max_choices:
         param = "prompt" if prompts > settings.max_choices else "n"

@@ -32,6 +32,7 @@ __all__ = [
     "completion_prompts",
     "count_prompts",
     "in_tokenizer_thread",
+    "message_chars",
 ]
 
 # More characters per token than any tokenizer averages over a whole prompt (English runs
@@ -135,7 +136,7 @@ def _size(value: Any, budget: int) -> int:
     return total
 
 
-def _message_chars(message: ChatMessage, budget: int) -> int:
+def message_chars(message: ChatMessage, budget: int) -> int:
     """Characters of everything in a message the prompt renders: content (every text
     part), name, tool call ids, names and arguments."""
     content = message.content
@@ -170,7 +171,9 @@ def check_prompt_size(
     if isinstance(body, ChatCompletionRequest):
         chars = 0
         for message in body.messages:
-            chars += _message_chars(message, max_chars - chars)
+            # A message renders at least one token of its own (its role header), so that
+            # many tiny messages cannot hold the tokenizer for seconds within the bound.
+            chars += CHARS_PER_TOKEN_BOUND + message_chars(message, max_chars - chars)
             if chars > max_chars:
                 raise _too_long(
                     "messages", f"your messages are over {max_chars} characters", context_length
@@ -207,11 +210,29 @@ def check_prompt_size(
 
 
 def message_text(message: ChatMessage, index: int) -> str:
-    """The text of a message's content (text parts joined by newlines; null is empty)."""
+    """The text of a message's content (text parts joined by newlines; an assistant's or a
+    tool's null is empty). As OpenAI: a user, system or developer message must carry
+    content, and a list of parts may not be empty."""
+    where = f"messages[{index}].content"
     if message.content is None:
+        if message.role in ("user", "system", "developer"):
+            raise APIError(
+                400,
+                f"Missing required parameter: '{where}'.",
+                param=where,
+                code="missing_required_parameter",
+            )
         return ""
     if isinstance(message.content, str):
         return message.content
+    if not message.content:
+        raise APIError(
+            400,
+            f"Invalid '{where}': empty array. Expected an array with minimum length 1, but got "
+            "an empty array instead.",
+            param=where,
+            code="empty_array",
+        )
     texts = []
     for j, part in enumerate(message.content):
         where = f"messages[{index}].content[{j}]"

@@ -217,6 +217,34 @@ def test_a_grammar_too_slow_to_compile_is_refused_in_bounded_time(
     check_grammar(GrammarSpec("lark", "start: " + " | ".join(f'"t{i}"' for i in range(400))))
 
 
+def test_a_prepared_request_is_added_without_waiting_for_the_grammar_thread(
+    small_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prepare`` leaves everything ``add`` needs with the request: a flood of other
+    grammars evicting it from the compiler's cache meanwhile does not make the engine
+    thread compile again (behind every grammar queued on the grammar thread)."""
+    import mtplx.grammar
+
+    engine = small_engine
+    spec = GrammarSpec("lark", 'start: "!" "#"', param="mtplx.grammar")
+    request = GenerationRequest([1, 2], GREEDY, max_tokens=4, grammar=spec)
+    engine.prepare(request)
+    engine.grammars._compiled.clear()  # evicted by other requests' grammars
+    mtplx.grammar._checked.clear()
+
+    def no_grammar_thread(*args: object) -> None:
+        raise AssertionError("the engine thread waited for the grammar thread")
+
+    monkeypatch.setattr(mtplx.grammar, "_on_grammar_thread", no_grammar_thread)
+    sequence = engine.add(request)
+    try:
+        assert sequence.grammar is not None
+        assert spec == GrammarSpec("lark", 'start: "!" "#"', param="mtplx.grammar")
+        assert hash(spec) == hash(GrammarSpec("lark", 'start: "!" "#"', param="mtplx.grammar"))
+    finally:
+        engine.abort(sequence)
+
+
 def test_a_token_the_parser_refuses_fails_plainly(small_engine: Engine) -> None:
     """What the matcher refuses while decoding (its parser limits; here a token no mask
     offered) fails the request with an error naming the field, on one bounded line: no

@@ -149,7 +149,8 @@ class ReasoningChunks:
 async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions, streaming or not."""
     ctx = get_context(request)
-    body = await parse_json_body(request, ChatCompletionRequest)
+    limits = ctx.item_limits("messages", "tools")
+    body = await parse_json_body(request, ChatCompletionRequest, limits, ctx.max_json_len())
     check_stop(body.stop)
     engine = ctx.engine()
     prompt, plan, ticket = await start_chat(ctx, body)

@@ -94,7 +94,7 @@ class CompletionChunks:
 async def completions(request: Request) -> Response:
     """OpenAI (legacy) completions: one choice set per prompt, streaming or not."""
     ctx = get_context(request)
-    body = await parse_json_body(request, CompletionRequest)
+    body = await parse_json_body(request, CompletionRequest, None, ctx.max_json_len())
     check_stop(body.stop)
     engine = ctx.engine()
     check_common(body, ctx.settings, ctx.model_names())

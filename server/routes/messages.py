@@ -32,7 +32,9 @@ async def messages(request: Request) -> Response:
     ``anthropic-version`` header is accepted whatever its value: there is one version of
     this API here."""
     ctx = get_context(request)
-    body = await parse_json_body(request, MessagesRequest)
+    body = await parse_json_body(
+        request, MessagesRequest, ctx.item_limits("messages", "tools"), ctx.max_json_len()
+    )
     ctx.engine()  # 503 while the model loads, before any other check
     chat = to_chat_request(body)
     prompt, plan, ticket = await start_chat(ctx, chat, continue_final=True)
@@ -69,7 +71,8 @@ async def count_tokens(request: Request) -> dict[str, int]:
     """``{"input_tokens": N}``: the prompt's length under the chat template, tools
     included, as /v1/messages would feed it."""
     ctx = get_context(request)
-    body = await parse_json_body(request, CountTokensRequest)
+    limits = ctx.item_limits("messages", "tools")
+    body = await parse_json_body(request, CountTokensRequest, limits, ctx.max_json_len())
     ctx.engine()  # 503 while the model loads, before any other check
     prompt, _ = await chat_prompt_for(ctx, to_chat_request(body), continue_final=True)
     return {"input_tokens": len(prompt.token_ids)}

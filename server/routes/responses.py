@@ -25,7 +25,9 @@ async def responses(request: Request) -> Response:
     """A model response to ``input`` (and ``instructions``), streamed as typed events or
     returned whole; with ``tools``, its function calls as ``function_call`` items."""
     ctx = get_context(request)
-    body = await parse_json_body(request, ResponsesRequest)
+    body = await parse_json_body(
+        request, ResponsesRequest, ctx.item_limits("input", "tools"), ctx.max_json_len()
+    )
     ctx.engine()  # 503 while the model loads, before any other check
     chat = to_chat_request(body)
     try:

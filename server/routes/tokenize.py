@@ -19,6 +19,7 @@ from server.prompts import (
     chat_prompt,
     check_template_kwargs,
     in_tokenizer_thread,
+    message_chars,
 )
 from server.schemas import ChatMessage, TokenId
 
@@ -68,7 +69,9 @@ def _check_model(ctx: Any, model: str | None) -> None:
 async def tokenize(request: Request) -> dict[str, Any]:
     """``{"count", "max_model_len", "tokens"}`` (+ ``token_strs`` when asked)."""
     ctx = get_context(request)
-    body = await parse_json_body(request, TokenizeRequest)
+    body = await parse_json_body(
+        request, TokenizeRequest, ctx.item_limits("messages"), ctx.max_json_len()
+    )
     engine = ctx.engine()  # 503 while the model loads
     _check_model(ctx, body.model)
     tokenizer = engine.tokenizer
@@ -84,9 +87,13 @@ async def tokenize(request: Request) -> dict[str, Any]:
                 param="messages",
                 code="invalid_value",
             )
-        chars = sum(len(str(m.content or "")) for m in body.messages)
-        if chars > max_chars:
-            raise APIError(400, "the messages are too long to tokenize", param="messages")
+        # Every part the template renders counts, as on the chat route (names, tool calls'
+        # arguments), before the tokenizer is held.
+        chars = 0
+        for message in body.messages:
+            chars += CHARS_PER_TOKEN_BOUND + message_chars(message, max_chars - chars)
+            if chars > max_chars:
+                raise APIError(400, "the messages are too long to tokenize", param="messages")
         kwargs = check_template_kwargs(body.chat_template_kwargs)
         prompt = await in_tokenizer_thread(
             chat_prompt, tokenizer, body.messages, False, None, None, kwargs

@@ -104,3 +104,77 @@ def test_a_million_short_strings_pass_the_quick_walk():
     data = {"stop": ["ab"] * 1_000_000}
     check_json_values(data)
     assert not _has_problem(data, MAX_JSON_DEPTH)
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "item"),
+    [
+        (CHAT, "messages", {"role": "user", "content": "x"}),
+        (CHAT, "tools", {"type": "function", "function": {"name": "f"}}),
+        ("/v1/messages", "messages", {"role": "user", "content": "x"}),
+        ("/v1/messages/count_tokens", "messages", {"role": "user", "content": "x"}),
+        ("/v1/responses", "input", {"role": "user", "content": "x"}),
+        ("/tokenize", "messages", {"role": "user", "content": "x"}),
+    ],
+)
+async def test_lists_longer_than_the_context_are_refused_before_validation(
+    client, monkeypatch, path, field, item
+):
+    """More messages, tools or input items than the context has tokens (each renders one
+    at least) is a 400 naming the field before pydantic validates them: validating 420k
+    messages held the GIL, and so every other request, for 5 s."""
+    import server.body
+
+    validated = []
+    real = server.body.check_json_values
+    monkeypatch.setattr(server.body, "check_json_values", lambda d: validated.append(d) or real(d))
+    body = {"model": "fake-model", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+    if path == "/v1/responses":
+        body = {"model": "fake-model", "input": "x"}
+    if path == "/tokenize":
+        body = {"messages": [{"role": "user", "content": "x"}]}
+    body[field] = [item] * 4097  # the fake engine's context: 4,096 tokens
+    r = await client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert "array too long" in error["message"] and not validated
+    if not path.startswith("/v1/messages"):
+        assert error["param"] == field and error["code"] == "array_above_max_length"
+
+
+def test_decode_json_checks_list_lengths_first():
+    raw = json.dumps(chat_body(messages=[{"role": "user", "content": "x"}] * 3)).encode()
+    with pytest.raises(APIError, match="maximum length 2"):
+        decode_json(raw, CompletionRequest, {"messages": 2})
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 5000}]},
+            "messages[0].content",
+        ),
+        ({"logit_bias": {str(i): 1 for i in range(5000)}}, "logit_bias"),
+    ],
+    ids=["content-parts", "logit-bias"],
+)
+async def test_any_list_or_object_longer_than_context_and_vocabulary_is_refused(
+    client, extra, param
+):
+    """No array or object nested in a request may hold more items than the context's
+    tokens or the vocabulary (4,096 and 257 in the fake engine): a 15 MB body of 420k text
+    parts held the GIL for 4 s in validation."""
+    r = await client.post(CHAT, json=chat_body(max_tokens=1, **extra))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["code"].endswith("_above_max_length")
+
+
+def test_the_length_check_comes_before_the_items_are_walked():
+    data = {"messages": [{"content": ["\ud800"] * 10}]}  # a bad string inside the long list
+    with pytest.raises(APIError, match="too long") as info:
+        check_json_values(data, max_len=5)
+    assert info.value.param == "messages[0].content"
+    assert _has_problem({"a": [1] * 5}, MAX_JSON_DEPTH, 5) is False
+    assert _has_problem({"a": [1] * 6}, MAX_JSON_DEPTH, 5) is True

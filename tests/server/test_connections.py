@@ -164,6 +164,38 @@ def test_a_stalled_body_is_closed_and_the_app_sees_the_disconnect() -> None:
         assert guard.closed["body_timeout"] == 1
 
 
+def test_a_dripping_body_is_closed_and_a_steady_one_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A byte now and then never stalls a body for ``body_timeout``, but arrives slower
+    than the minimum rate over a window: closed (a cap's worth of such connections would
+    refuse every new client). A body that keeps the rate completes."""
+    import server.connections
+
+    monkeypatch.setattr(server.connections, "MIN_BODY_RATE", 200)
+    with _serve(ConnectionLimits(body_timeout=0.4)) as (port, guard, app):
+        with _connect(port) as sock:
+            sock.sendall(b"POST /body HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+            closed = False
+            for _ in range(40):  # a byte every 0.1 s: never idle for 0.4 s, 10 bytes/s
+                try:
+                    sock.sendall(b"x")
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = True
+                    break
+                time.sleep(0.1)
+            assert closed or _read_all(sock) == b""
+        _wait_for(lambda: app.disconnects == 1)
+        assert guard.closed["body_timeout"] == 1
+        with _connect(port) as sock:
+            sock.sendall(b"POST /body HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+            for _ in range(10):  # 100 bytes every 0.1 s: 1,000 bytes/s
+                sock.sendall(b"x" * 100)
+                time.sleep(0.1)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert guard.closed["body_timeout"] == 1
+
+
 def test_past_the_cap_the_oldest_waiting_connection_gives_way() -> None:
     limits = ConnectionLimits(max_connections=4, header_timeout=60)
     with _serve(limits) as (port, guard, _):

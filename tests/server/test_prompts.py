@@ -66,13 +66,25 @@ def test_count_prompts():
 
 def test_size_bound_is_characters_per_token_of_the_context():
     limit = CONTEXT * CHARS_PER_TOKEN_BOUND
-    fits = ChatCompletionRequest(model=MODEL, messages=[{"role": "user", "content": "x" * limit}])
+    text = "x" * (limit - CHARS_PER_TOKEN_BOUND)  # a message's own token counts too
+    fits = ChatCompletionRequest(model=MODEL, messages=[{"role": "user", "content": text}])
     check_prompt_size(fits, CONTEXT)
     parts = [{"type": "text", "text": "y" * (limit // 2)}] * 2 + [{"type": "text", "text": "z"}]
     too_long = ChatCompletionRequest(model=MODEL, messages=[{"role": "user", "content": parts}])
     with pytest.raises(APIError) as info:
         check_prompt_size(too_long, CONTEXT)
     assert info.value.param == "messages" and info.value.code == "context_length_exceeded"
+
+
+def test_each_message_counts_at_least_one_token():
+    """Many tiny messages (each renders its role header: a token at least) are refused
+    before the chat template renders them all under the tokenizer lock."""
+    many = [{"role": "user", "content": "x"}] * CONTEXT
+    with pytest.raises(APIError) as info:
+        check_prompt_size(ChatCompletionRequest(model=MODEL, messages=many), CONTEXT)
+    assert info.value.param == "messages" and info.value.code == "context_length_exceeded"
+    fewer = [{"role": "user", "content": "x"}] * (CONTEXT // 2)
+    check_prompt_size(ChatCompletionRequest(model=MODEL, messages=fewer), CONTEXT)
 
 
 def test_token_ids_are_checked_against_the_context_and_vocabulary():

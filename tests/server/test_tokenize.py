@@ -58,3 +58,34 @@ async def test_bad_requests_get_openai_errors(
     assert error["message"] and error["type"]
     if param is not None:
         assert error["param"] == param
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": "x", "name": "n" * 70_000},
+        {"role": "user", "content": [{"type": "text", "text": "x" * 70_000}]},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "1",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": "a" * 70_000},
+                }
+            ],
+        },
+        [{"role": "user", "content": "x"}] * 4_096,
+    ],
+    ids=["name", "text-part", "tool-call-arguments", "many-messages"],
+)
+async def test_every_part_of_the_messages_counts_before_tokenizing(
+    client: httpx.AsyncClient, message: dict[str, Any] | list[dict[str, Any]]
+) -> None:
+    """As on the chat route, a name, a text part or a tool call's arguments past what the
+    context can hold, or more messages than it has tokens, is a 400 before the tokenizer is
+    held (4,096 x 16 characters here)."""
+    messages = message if isinstance(message, list) else [message]
+    r = await client.post("/tokenize", json={"messages": messages})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages"
