@@ -727,7 +727,7 @@ class SlotTarget:
         # Values carry a constant 1 as their last feature, so one product gives both the
         # weighted sum and the softmax's normaliser: a one-column product (the normaliser on
         # its own) is a matrix-vector call that bypasses the invariant kernel.
-        values = mx.concatenate([values, mx.ones((*values.shape[:-1], 1), values.dtype)], -1)
+        values = mx.concatenate([values, _ones((*values.shape[:-1], 1), values.dtype)], -1)
         for name, new in (("keys", keys), ("values", values)):
             stored = getattr(store, name)
             width = stored.shape[-1]
@@ -788,6 +788,15 @@ def _return_freed_memory() -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):  # musl and others: no malloc_trim
             ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+@functools.lru_cache(maxsize=64)
+def _ones(shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+    """An evaluated array of ones: a constant of the graph, where ``mx.ones`` would add two
+    nodes to every layer of every forward."""
+    ones = mx.ones(shape, dtype)
+    mx.eval(ones)
+    return ones
 
 
 def _padded(projected: mx.array, group: _Group, num_heads: int) -> mx.array:
