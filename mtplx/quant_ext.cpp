@@ -5,6 +5,7 @@
 // worker thread while Python builds the next step. Built and cached by mtplx.quant.
 
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -36,6 +37,27 @@ int mtplx_qmm_lanes(void);
 
 namespace {
 
+// a's elements in row-major order: its own data when it is row-contiguous, else a copy
+// gathered through its strides into scratch.
+const void* dense(const mx::array& a, std::vector<char>& scratch) {
+  if (a.flags().row_contiguous) return a.data<void>();
+  const size_t item = a.itemsize();
+  scratch.resize(a.size() * item);
+  const char* src = a.data<char>();
+  const int ndim = static_cast<int>(a.ndim());
+  std::vector<int64_t> index(ndim, 0);
+  for (size_t i = 0; i < a.size(); i++) {
+    int64_t at = 0;
+    for (int d = 0; d < ndim; d++) at += index[d] * a.strides()[d];
+    std::memcpy(scratch.data() + i * item, src + at * static_cast<int64_t>(item), item);
+    for (int d = ndim - 1; d >= 0; d--) {  // the next index, last dimension fastest
+      if (++index[d] < a.shape(d)) break;
+      index[d] = 0;
+    }
+  }
+  return scratch.data();
+}
+
 class QuantizedRows : public mx::UnaryPrimitive {
  public:
   QuantizedRows(mx::Stream stream, int bits, int group)
@@ -62,8 +84,13 @@ class QuantizedRows : public mx::UnaryPrimitive {
                       y = mx::array::unsafe_weak_copy(out), M, K, N, bits = bits_,
                       group = group_]() mutable {
       const int half = s.dtype() == mx::float16;
-      if (mtplx_qmm(x.data<float>(), M, K, w.data<uint32_t>(), s.data<void>(), b.data<void>(),
-                    half, N, bits, group, y.data<float>()) != 0) {
+      // The kernel reads row-contiguous inputs: the rare input that is not (a view) is
+      // copied here, when its data is ready, rather than by a Contiguous node per input in
+      // the graph, which would cost every product four more dispatches (~16 a layer).
+      std::vector<char> xd, wd, sd, bd;
+      if (mtplx_qmm(static_cast<const float*>(dense(x, xd)), M, K,
+                    static_cast<const uint32_t*>(dense(w, wd)), dense(s, sd), dense(b, bd), half,
+                    N, bits, group, y.data<float>()) != 0) {
         throw std::runtime_error("mtplx quantized product: unsupported arguments");
       }
     });
@@ -105,18 +132,19 @@ mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales,
     throw std::invalid_argument("quantized product: shapes do not match");
   if (w.dtype() != mx::uint32) throw std::invalid_argument("w must be uint32");
   auto stream = mx::default_stream(mx::Device::cpu);
-  auto xf = mx::contiguous(mx::astype(x, mx::float32, stream), false, stream);
-  auto wc = mx::contiguous(w, false, stream);
+  // astype adds no node when the dtype already matches; row-contiguity is seen to in
+  // eval_cpu, where it is known.
+  auto xf = mx::astype(x, mx::float32, stream);
   // float16 scales and biases are read as they are (exact), anything else as float32.
   const auto params = scales.dtype() == mx::float16 && biases.dtype() == mx::float16
                           ? mx::float16
                           : mx::float32;
-  auto sc = mx::contiguous(mx::astype(scales, params, stream), false, stream);
-  auto bc = mx::contiguous(mx::astype(biases, params, stream), false, stream);
+  auto sc = mx::astype(scales, params, stream);
+  auto bc = mx::astype(biases, params, stream);
   mx::Shape shape = x.shape();
   shape.back() = N;
   return mx::array(shape, mx::float32, std::make_shared<QuantizedRows>(stream, bits, group_size),
-                   {xf, wc, sc, bc});
+                   {xf, w, sc, bc});
 }
 
 }  // namespace

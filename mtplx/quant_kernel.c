@@ -32,6 +32,7 @@
  * Columns are split between the calling thread and helpers in chunks of CHUNK_COLS.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -130,6 +131,13 @@ static inline vi widen(const uint8_t *p) {
 #endif
 }
 
+#if W == 16
+/* 0, 1, ..., 15 as floats: the 4-bit values a table holds (exact). */
+static inline vf iota16(void) {
+    return (vf){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+}
+#endif
+
 /* One chunk of a column's weights, dequantized (w = scale * q + bias, one multiply-add):
  * *a holds the chunk's first W (lane order as described above), *b its second W. */
 static inline __attribute__((always_inline)) void unpack(const uint8_t *p, const int bits,
@@ -138,8 +146,26 @@ static inline __attribute__((always_inline)) void unpack(const uint8_t *p, const
     const vf s = splat(scale), o = splat(bias);
     if (bits == 4) {
         vi v = widen(p);
+#if W == 16
+        /* The group's 16 possible weights, table[q] = scale * q + bias by the same
+         * multiply-add as below, then looked up by nibble: two permutes instead of two
+         * conversions and two multiply-adds, the same bits. (vpermps reads only an index's
+         * low 4 bits, so the low nibble needs no mask.) */
+        const vf table = vfma(iota16(), s, o);
+        __m512 t, lo, hi;
+        __m512i ilo, ihi;
+        memcpy(&t, &table, sizeof t);
+        memcpy(&ilo, &v, sizeof ilo);
+        const vi shifted = v >> 4;
+        memcpy(&ihi, &shifted, sizeof ihi);
+        lo = _mm512_permutexvar_ps(ilo, t);
+        hi = _mm512_permutexvar_ps(ihi, t);
+        memcpy(a, &lo, sizeof lo);
+        memcpy(b, &hi, sizeof hi);
+#else
         *a = vfma(__builtin_convertvector(v & 15, vf), s, o);
         *b = vfma(__builtin_convertvector(v >> 4, vf), s, o);
+#endif
     } else {
         *a = vfma(__builtin_convertvector(widen(p), vf), s, o);
         *b = vfma(__builtin_convertvector(widen(p + W), vf), s, o);
@@ -323,7 +349,12 @@ static void columns(const qmm_t *p, int n0, int n1) {
 
 /* -- threads: columns in chunks, taken by whichever thread is free ---------------------- */
 
-enum { MAX_THREADS = 8, SPIN_ROUNDS = 4000, CHUNK_COLS = 64, MIN_PARALLEL_BYTES = 1 << 16 };
+/* A product is split only when its multiply-adds (rows x columns x K) reach
+ * MIN_PARALLEL_WORK: waking a helper costs a futex call and a context switch (~10-50 us,
+ * far more where cores are shared), more than a single-row layer product takes (a decode
+ * step's 3072 x 576 product is ~0.1 ms), so at one row only the LM head is split. */
+enum { MAX_THREADS = 8, SPIN_ROUNDS = 4000, CHUNK_COLS = 64, MIN_PARALLEL_WORK = 1 << 21 };
+enum { WAIT_SPINS = 256 }; /* the caller's spins on a helper's last chunk before yielding */
 
 static int threads_wanted = 1;
 static int num_helpers = 0;
@@ -401,9 +432,9 @@ static void start_helpers(void) {
 }
 
 static void run(const qmm_t *p) {
-    const long bytes = (long)p->N * p->K * p->bits / 8;
+    const long work = (long)p->N * p->K * p->M;
     const long chunks = ((long)p->N + CHUNK_COLS - 1) / CHUNK_COLS;
-    if (threads_wanted <= 1 || bytes < MIN_PARALLEL_BYTES || chunks < 2 || chunks > 0xffff ||
+    if (threads_wanted <= 1 || work < MIN_PARALLEL_WORK || chunks < 2 || chunks > 0xffff ||
         pthread_mutex_trylock(&call_lock) != 0) {
         columns(p, 0, p->N);
         return;
@@ -418,7 +449,13 @@ static void run(const qmm_t *p) {
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&wake_lock);
     take_chunks();
-    while (atomic_load_explicit(&busy_helpers, memory_order_acquire) != 0) cpu_relax();
+    /* Every chunk is taken; wait for the helpers still computing theirs. Spin briefly, then
+     * yield: on a loaded machine a descheduled helper would otherwise cost the caller's
+     * whole time slice in spins. */
+    for (int spins = 0; atomic_load_explicit(&busy_helpers, memory_order_acquire) != 0;) {
+        if (++spins < WAIT_SPINS) cpu_relax();
+        else sched_yield();
+    }
     pthread_mutex_unlock(&call_lock);
 }
 

@@ -7,7 +7,8 @@ interleaved so that the machine's load hits both alike:
 - single-stream plain decoding (tokens/s, decode only: prompt time excluded), and the
   process's CPU time per token;
 - 16 concurrent streams of plain decoding (aggregate tokens/s, CPU time per token);
-- a depth-1 MTP cycle's cost against a plain step (ms per engine step, MTP drafter).
+- a depth-1 MTP cycle's cost against a plain step (ms per engine step, MTP drafter);
+- the quantized products of one token alone (the kernel's share of a step).
 
 Prints a markdown table (medians over repeats) and the load average before and after.
 
@@ -95,14 +96,54 @@ def step_ms(engine: Engine, drafter: str, depth: int, tokens: int) -> float:
     return 1e3 * statistics.median(times[2:] or times)
 
 
+def products_ms(model: object, repeats: int = 20) -> float:
+    """CPU milliseconds of one token's quantized products alone, one thread: every product
+    of the trunk and the LM head on a single row, no other op. A step can cost no less on
+    this machine; how far above it a step is measures everything else."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from mtplx import quant
+    from mtplx.models.quantized import InvariantQuantizedEmbedding, InvariantQuantizedLinear
+
+    # The module holding the trunk and its LM head (a tied embedding serves as the head).
+    owner = getattr(getattr(model.target, "trunk", None), "owner", None)  # type: ignore[attr-defined]
+    if owner is None or not quant.loaded():
+        return float("nan")
+    weights = [
+        layer.quant
+        for _, layer in tree_flatten(owner.leaf_modules(), is_leaf=nn.Module.is_module)
+        if isinstance(layer, InvariantQuantizedLinear | InvariantQuantizedEmbedding)
+    ]
+    inputs = [mx.ones((1, w.shape[1])) for w in weights]
+    mx.eval(inputs)
+    before = quant.quant_info().threads or 1
+    quant.set_threads(1)
+    try:
+        times = []
+        for _ in range(repeats):
+            start = time.process_time()
+            products = [
+                quant.qmm(x, *w.arrays, w.bits, w.group_size)
+                for x, w in zip(inputs, weights, strict=True)
+            ]
+            mx.eval(products)
+            times.append(time.process_time() - start)
+    finally:
+        quant.set_threads(before)
+    return 1e3 * statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
-    engines = {}
+    engines, models = {}, {}
     for fmt in ("native", "f32"):
         model = load(ensure_default_model(fmt), dequantize=fmt == "f32")
+        models[fmt] = model
         engines[fmt] = Engine(model)
         engines[fmt].warm_up()
         print(f"{fmt}: {model.weights}")
@@ -123,6 +164,8 @@ def main() -> None:
             r.setdefault("mtp depth-1 cycle ms", []).append(mtp)
             r.setdefault("cycle / plain step", []).append(mtp / plain)
     print(f"load after: {os.getloadavg()}")
+    products = products_ms(models["native"])
+    print(f"quantized products of one token alone (one thread): {products:.2f} ms CPU")
     print("| figure | native (quantized) | f32 | native / f32 |")
     print("|---|---|---|---|")
     for name in rows["native"]:

@@ -121,6 +121,10 @@ class _Group:
     # [R, 1, 1, T, S] bool: the same over the first S = span keys (compiled layers)
     visible: mx.array | None = None
     span: int = 0  # key_length rounded up to ATTEND_STEP, at most the capacity
+    # Every slot fed, in slot order, the same number of tokens (plain decoding, a batch of
+    # verifies of one depth): the padded layout is the packed one, so spreading to it and
+    # gathering back are the identity and need no gather (two graph nodes each, every layer).
+    dense: bool = False
 
 
 @dataclass
@@ -473,12 +477,14 @@ class SlotTarget:
     ) -> mx.array:
         """``_layers`` through the compiled pieces (``mtplx.models.compiled_layer``): the same
         ops, the same bits, a third of the graph-building time."""
+        # The RoPE angles depend on the positions only: computed once for every layer.
+        rotation = compiled.rope_tables(positions) if compiled.hoists_rope else positions
         for index, (layer, fused) in enumerate(
             zip(self.trunk.inner.layers, self._fused, strict=True)
         ):
             attn, norm = layer.self_attn, layer.input_layernorm
             queries_all, keys_all, values_all = compiled.project(
-                x, norm.weight, weight_arrays(fused.qkv), positions, norm.eps
+                x, norm.weight, weight_arrays(fused.qkv), rotation, norm.eps
             )
             attended = []
             for group in groups:
@@ -492,7 +498,7 @@ class SlotTarget:
                     group.visible,
                     attn.scale,
                 )
-                attended.append(out[group.to_packed])
+                attended.append(out if group.dense else out[group.to_packed])
             norm = layer.post_attention_layernorm
             x = compiled.finish(
                 x,
@@ -629,6 +635,7 @@ class SlotTarget:
         if self._compiled is not None and max_tokens <= self._query_block:
             visible = mx.arange(span)[None, None, :] <= query_end[:, :, None]
             visible = visible[:, None, None]  # [R, 1, 1, T, S]
+        dense = len(to_padded) == position - start and to_padded == list(range(start, position))
         return _Group(
             first_slot=first,
             store=store,
@@ -645,6 +652,7 @@ class SlotTarget:
             mask=mask[:, None],
             visible=visible,
             span=span,
+            dense=dense,
         )
 
     def _ensure_capacity(self, positions: int) -> None:
@@ -719,7 +727,7 @@ class SlotTarget:
         # Values carry a constant 1 as their last feature, so one product gives both the
         # weighted sum and the softmax's normaliser: a one-column product (the normaliser on
         # its own) is a matrix-vector call that bypasses the invariant kernel.
-        values = mx.concatenate([values, mx.ones((*values.shape[:-1], 1), values.dtype)], -1)
+        values = mx.concatenate([values, _ones((*values.shape[:-1], 1), values.dtype)], -1)
         for name, new in (("keys", keys), ("values", values)):
             stored = getattr(store, name)
             width = stored.shape[-1]
@@ -769,7 +777,8 @@ class SlotTarget:
             blocks.append(attended.reshape(rows, heads, block, head_dim))
         attended = mx.concatenate(blocks, axis=2) if len(blocks) > 1 else blocks[0]
         attended = attended.transpose(0, 2, 1, 3)  # [R, T, heads, d]
-        return attended.reshape(rows * tokens, heads * head_dim)[group.to_packed]
+        attended = attended.reshape(rows * tokens, heads * head_dim)
+        return attended if group.dense else attended[group.to_packed]
 
 
 def _return_freed_memory() -> None:
@@ -781,10 +790,24 @@ def _return_freed_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+@functools.lru_cache(maxsize=64)
+def _ones(shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+    """An evaluated array of ones: a constant of the graph, where ``mx.ones`` would add two
+    nodes to every layer of every forward."""
+    ones = mx.ones(shape, dtype)
+    mx.eval(ones)
+    return ones
+
+
 def _padded(projected: mx.array, group: _Group, num_heads: int) -> mx.array:
     """A group's share of packed projections in its padded layout: [N, heads, 1, d] ->
     [R, heads, T, d] (pads repeat the group's first token)."""
-    spread = projected[group.to_padded]
+    if not group.dense:
+        spread = projected[group.to_padded]
+    elif group.start == 0 and group.end == projected.shape[0]:
+        spread = projected
+    else:
+        spread = projected[group.start : group.end]
     return spread.reshape(group.num_slots, group.max_tokens, num_heads, -1).transpose(0, 2, 1, 3)
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models.activations import swiglu
 
 from mtplx.models.quantized import (
@@ -105,14 +106,49 @@ class CompiledLayer:
         repeats = heads // kv_heads
         k_end = q_size + kv_size
         rope = attention.rope
+        # mlx's plain RoPE: its angles are computed once per forward (rope_tables) instead
+        # of in every layer (8 graph nodes a layer), then applied as mx.fast.rope's CPU
+        # implementation applies them. Other RoPE variants run as they are in each layer.
+        plain_rope = type(rope) is nn.RoPE and not rope.traditional
+        self.hoists_rope = plain_rope
+
+        def rope_tables(positions: mx.array) -> tuple[mx.array, mx.array]:
+            # positions [N] int32 -> cos and sin of the angles, [N, 1, 1, dims / 2] ([1,
+            # dims / 2] for one token): mx.fast.rope's CPU fallback op for op, in float32
+            # (its log(base) / (dims / 2) is a float32 expression: computed as one here).
+            half = rope.dims // 2
+            offset = positions[:, None, None] if positions.size > 1 else positions
+            at = (mx.arange(1, dtype=mx.float32) + offset) * mx.array(rope.scale, mx.float32)
+            step = np.float32(np.log(np.float32(rope.base))) / np.float32(half)
+            inv_freqs = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * mx.array(step))
+            theta = at[..., None] * inv_freqs
+            return mx.cos(theta), mx.sin(theta)
+
+        def apply_rope(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+            # x [N, heads, 1, d]: the rotation of mx.fast.rope's fallback (non-traditional)
+            half = rope.dims // 2
+            x1, x2 = x[..., :half], x[..., half : rope.dims]
+            outs = [x1 * cos - x2 * sin, x1 * sin + x2 * cos]
+            if rope.dims < x.shape[-1]:
+                outs.append(x[..., rope.dims :])
+            return mx.concatenate(outs, axis=-1)
 
         def project(
-            x: mx.array, norm: mx.array, qkv_weight: Any, positions: mx.array, eps: float
+            x: mx.array,
+            norm: mx.array,
+            qkv_weight: Any,
+            positions: mx.array | tuple[mx.array, mx.array],
+            eps: float,
         ) -> tuple[mx.array, mx.array, mx.array]:
-            # x [1, N, H] -> queries [N, heads, 1, d], keys and values [N, kv, 1, d]
-            qkv = linear_kind(mx.fast.rms_norm(x, norm, eps), qkv_weight, qkv_kind)[0]
+            # x [1, N, H] -> queries [N, heads, 1, d], keys and values [N, kv, 1, d];
+            # positions: [N] int32, or rope_tables' (cos, sin) where the RoPE is hoisted
+            qkv = linear_kind(mx.fast.rms_norm(x, norm, eps), qkv_weight, qkv_kind).squeeze(0)
             n = qkv.shape[0]
-            roped = rope(qkv[:, :k_end].reshape(n, heads + kv_heads, 1, -1), offset=positions)
+            rotated = qkv[:, :k_end].reshape(n, heads + kv_heads, 1, -1)
+            if isinstance(positions, tuple):
+                roped = apply_rope(rotated, *positions)
+            else:
+                roped = rope(rotated, offset=positions)
             return roped[:, :heads], roped[:, heads:], qkv[:, k_end:].reshape(n, kv_heads, 1, -1)
 
         def attend(
@@ -151,6 +187,7 @@ class CompiledLayer:
             return x + linear_kind(gated, down_weight, down_kind)
 
         self.project: Callable[..., tuple[mx.array, mx.array, mx.array]] = mx.compile(project)
+        self.rope_tables: Callable[[mx.array], tuple[mx.array, mx.array]] = mx.compile(rope_tables)
         self.attend: Callable[..., mx.array] = mx.compile(attend)
         self.finish: Callable[..., mx.array] = mx.compile(finish)
 
