@@ -537,7 +537,9 @@ class Engine:
         decoding ones, all within ``max_packed_rows`` (every row then stays batch-invariant):
         waiting prompts share what is left, oldest first, each at most ``_prefill_piece``;
         at least one token a step while any prompt waits. ``idle``: no stream decodes."""
-        budget = min(self.prefill_budget, self.batched.max_packed_rows - num_decode_tokens)
+        # A prompt alone (nothing decodes, nobody waits on the step) feeds a whole forward.
+        limit = max(self.prefill_budget, self.batched.max_prefill_tokens) if idle else None
+        budget = min(limit or self.prefill_budget, self.batched.max_packed_rows - num_decode_tokens)
         waiting = [s for s in self.running if not s.prefilled and not s.finished]
         if self.prefix is not None:
             for sequence in waiting:
