@@ -78,6 +78,12 @@ static inline vf loadf(const float *p) {
 static inline void storef(float *p, vf v) { memcpy(p, &v, sizeof v); }
 
 static inline vf splat(float s) { return (vf){0} + s; }
+static inline vi splat_i(int32_t s) { return (vi){0} + s; }
+#if W == 16
+static const vi lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#else
+static const vi lane = {0, 1, 2, 3, 4, 5, 6, 7};
+#endif
 
 /* The fixed tree over W lanes: the upper half added lane-wise to the lower half until one
  * lane is left (the same tree as quant_kernel.c's). */
@@ -93,6 +99,47 @@ static inline float reduce(vf v) {
 #endif
     const float a = q[0] + q[2], b = q[1] + q[3];
     return a + b;
+}
+
+/* reduce() of W vectors at once: lane k of the result is reduce(v[k]), bit for bit. The same
+ * additions of the same partial sums as the halving tree (float addition is commutative, so
+ * only which partials meet matters), done across vectors: each level pairs two vectors,
+ * gathers the lower halves of their partials into one and the upper halves into another,
+ * and adds them, W / 2 partial sums per instruction instead of one. */
+static inline vf reduce_many(vf v[W]) {
+#if W == 16
+    vf c[8], dd[4], e[2];
+    for (int m = 0; m < 8; m++) /* h[l] = v[l] + v[l + 8] */
+        c[m] = __builtin_shufflevector(v[2 * m], v[2 * m + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17,
+                                       18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(v[2 * m], v[2 * m + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24,
+                                       25, 26, 27, 28, 29, 30, 31);
+    for (int m = 0; m < 4; m++) /* q[l] = h[l] + h[l + 4] */
+        dd[m] = __builtin_shufflevector(c[2 * m], c[2 * m + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17,
+                                        18, 19, 24, 25, 26, 27) +
+                __builtin_shufflevector(c[2 * m], c[2 * m + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20,
+                                        21, 22, 23, 28, 29, 30, 31);
+    for (int m = 0; m < 2; m++) /* a = q0 + q2, b = q1 + q3 */
+        e[m] = __builtin_shufflevector(dd[2 * m], dd[2 * m + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17,
+                                       20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(dd[2 * m], dd[2 * m + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18,
+                                       19, 22, 23, 26, 27, 30, 31);
+    /* a + b */
+    return __builtin_shufflevector(e[0], e[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                   28, 30) +
+           __builtin_shufflevector(e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27,
+                                   29, 31);
+#else
+    vf dd[4], e[2];
+    for (int m = 0; m < 4; m++) /* q[l] = v[l] + v[l + 4] */
+        dd[m] = __builtin_shufflevector(v[2 * m], v[2 * m + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+                __builtin_shufflevector(v[2 * m], v[2 * m + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int m = 0; m < 2; m++) /* a = q0 + q2, b = q1 + q3 */
+        e[m] = __builtin_shufflevector(dd[2 * m], dd[2 * m + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               __builtin_shufflevector(dd[2 * m], dd[2 * m + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return __builtin_shufflevector(e[0], e[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15);
+#endif
 }
 
 /* exp(x) for x <= 0 (a score minus the row's max), W lanes at once: Cephes' expf, as
@@ -140,56 +187,166 @@ typedef struct {
     float scale;
 } attn_t;
 
-/* One (token, kv head) item: its heads / kv query heads, one after another. scratch holds
- * count rounded up to W floats. */
+enum { MAX_REPEATS = 64, HEAD_BLOCK = 4, VEC_BLOCK = 4 };
+
+/* Weighted sums of H (<= HEAD_BLOCK) heads' rows of p over V, output vectors e0 .. e0 + E
+ * (E <= VEC_BLOCK): H x E independent accumulators (a single one per element would chain
+ * every multiply-add on the previous one's latency), each element still summed in
+ * ascending j. */
+static inline __attribute__((always_inline)) void weighted(const float *V, long dv, int L,
+                                                            const float *const *p, const int H,
+                                                            int e0, const int E, vf acc[][4]) {
+#pragma GCC unroll 4
+    for (int h = 0; h < H; h++)
+#pragma GCC unroll 4
+        for (int e = 0; e < E; e++) acc[h][e] = (vf){0};
+    for (int j = 0; j < L; j++) {
+        const float *v = V + (long)j * dv + e0;
+        vf x[4];
+#pragma GCC unroll 4
+        for (int e = 0; e < E; e++) x[e] = loadf(v + e * W);
+#pragma GCC unroll 4
+        for (int h = 0; h < H; h++) {
+            const vf w = splat(p[h][j]);
+#pragma GCC unroll 4
+            for (int e = 0; e < E; e++) acc[h][e] = vfma(w, x[e], acc[h][e]);
+        }
+    }
+}
+
+/* Partial scores of W consecutive keys k (rows of d floats) against q: d outer, keys inner,
+ * W independent accumulators, each key's own chain of multiply-adds in ascending d (as in
+ * the one-key path), the first term multiplied. */
+static inline __attribute__((always_inline)) void key_block(const float *k, const float *q,
+                                                             const int d, const int dvec,
+                                                             vf acc[W]) {
+    const vf q0 = loadf(q);
+#pragma GCC unroll 16
+    for (int u = 0; u < W; u++) acc[u] = q0 * loadf(k + (long)u * d);
+#pragma GCC unroll 8
+    for (int e = W; e < dvec; e += W) {
+        const vf qe = loadf(q + e);
+#pragma GCC unroll 16
+        for (int u = 0; u < W; u++) acc[u] = vfma(qe, loadf(k + (long)u * d + e), acc[u]);
+    }
+}
+
+/* One (token, kv head) item: the heads / kv query heads that share its keys and values,
+ * together (each key and value is loaded once for all of them). scores holds repeats rows
+ * of count rounded up to W floats. */
 static void item(const attn_t *p, int i, int g, float *scores) {
     const int d = p->d, L = p->count[i], repeats = p->heads / p->kv;
     const int dvec = d - d % W, padded = (L + W - 1) / W * W;
     const long base = ((long)p->slot[i] * p->kv + g) * p->cap;
     const float *K = p->keys + base * d;
     const float *V = p->values + base * p->dv;
-    float qs[512]; /* scaled query; d <= 512 is checked by the caller */
+    float qs[MAX_REPEATS][512] __attribute__((aligned(64))); /* scaled queries */
+    float top[MAX_REPEATS];
     for (int r = 0; r < repeats; r++) {
-        const int h = g * repeats + r;
-        const float *q = p->q + ((long)i * p->heads + h) * d;
-        for (int e = 0; e < d; e++) qs[e] = q[e] * p->scale;
-        float top = -INFINITY;
-        for (int j = 0; j < L; j++) {
-            const float *k = K + (long)j * d;
+        const float *q = p->q + ((long)i * p->heads + g * repeats + r) * d;
+        for (int e = 0; e < d; e++) qs[r][e] = q[e] * p->scale;
+        top[r] = -INFINITY;
+    }
+    int j0 = 0;
+    if (dvec) /* W keys at a time, their W scores reduced together (the same bits) */
+        for (; j0 + W <= L; j0 += W)
+            for (int r = 0; r < repeats; r++) {
+                vf acc[W];
+                const float *k = K + (long)j0 * d;
+                /* The usual head sizes as constants: the keys' addresses are then offsets
+                 * from one pointer. */
+                if (d == 64) key_block(k, qs[r], 64, 64, acc);
+                else if (d == 128) key_block(k, qs[r], 128, 128, acc);
+                else key_block(k, qs[r], d, dvec, acc);
+                float *row = scores + (long)r * padded + j0;
+                storef(row, reduce_many(acc));
+                for (int u = 0; u < W && dvec < d; u++) {
+                    const float *kt = K + (long)(j0 + u) * d;
+                    for (int e = dvec; e < d; e++) row[u] = sfma(qs[r][e], kt[e], row[u]);
+                }
+            }
+    for (int r = 0; r < repeats; r++) { /* the max of those scores (exact in any order) */
+        const float *row = scores + (long)r * padded;
+        vf most = splat(-INFINITY);
+        for (int j = 0; j < j0; j += W) {
+            const vf v = loadf(row + j);
+            const vi more = v > most;
+            most = (vf)((more & (vi)v) | (~more & (vi)most));
+        }
+        for (int l = 0; l < W; l++) top[r] = most[l] > top[r] ? most[l] : top[r];
+    }
+    for (int j = j0; j < L; j++) {
+        const float *k = K + (long)j * d;
+        for (int r = 0; r < repeats; r++) {
             float s;
             if (dvec) {
-                vf acc = loadf(qs) * loadf(k);
-                for (int e = W; e < dvec; e += W) acc = vfma(loadf(qs + e), loadf(k + e), acc);
+                vf acc = loadf(qs[r]) * loadf(k);
+                for (int e = W; e < dvec; e += W) acc = vfma(loadf(qs[r] + e), loadf(k + e), acc);
                 s = reduce(acc);
             } else {
                 s = 0.0f;
             }
-            for (int e = dvec; e < d; e++) s = sfma(qs[e], k[e], s);
-            scores[j] = s;
-            top = s > top ? s : top;
+            for (int e = dvec; e < d; e++) s = sfma(qs[r][e], k[e], s);
+            scores[(long)r * padded + j] = s;
+            top[r] = s > top[r] ? s : top[r];
         }
+    }
+    float denom[MAX_REPEATS];
+    const float *rows[MAX_REPEATS];
+    for (int r = 0; r < repeats; r++) {
         /* exp over the row, then the normaliser; pads weigh exactly 0 (x + 0 = x). */
-        const vf m = splat(top);
+        float *row = scores + (long)r * padded;
+        const vf m = splat(top[r]);
         vf total = (vf){0};
         for (int j = 0; j < padded; j += W) {
-            vf e = vexp(loadf(scores + j) - m);
-            if (j + W > L)
-                for (int l = L - j; l < W; l++) e[l] = 0.0f;
-            storef(scores + j, e);
+            /* Lanes past L (the last vector's pads) are cleared by a mask: writing single
+             * lanes would keep the vector in memory through the whole loop. */
+            const vi keep = (lane + j) < splat_i(L);
+            const vf e = (vf)((vi)vexp(loadf(row + j) - m) & keep);
+            storef(row + j, e);
             total += e;
         }
-        const float denom = reduce(total);
-        float *o = p->out + ((long)i * p->heads + h) * d;
-        for (int e = 0; e < dvec; e += W) {
-            vf acc = (vf){0};
-            for (int j = 0; j < L; j++) acc = vfma(splat(scores[j]), loadf(V + (long)j * p->dv + e), acc);
-            storef(o + e, acc / splat(denom));
+        denom[r] = reduce(total);
+        rows[r] = row;
+    }
+    float *out = p->out + ((long)i * p->heads + g * repeats) * d;
+    for (int h0 = 0; h0 < repeats; h0 += HEAD_BLOCK) {
+        const int H = repeats - h0 < HEAD_BLOCK ? repeats - h0 : HEAD_BLOCK;
+        for (int e0 = 0; e0 < dvec; e0 += VEC_BLOCK * W) {
+            const int E = (dvec - e0) / W < VEC_BLOCK ? (dvec - e0) / W : VEC_BLOCK;
+            vf acc[HEAD_BLOCK][4];
+            /* Constant H and E (the compiler keeps the accumulators in registers). */
+#define WEIGHTED(h_, e_) weighted(V, p->dv, L, rows + h0, h_, e0, e_, acc)
+            switch (H * 4 + E) {
+            case 5: WEIGHTED(1, 1); break;
+            case 6: WEIGHTED(1, 2); break;
+            case 7: WEIGHTED(1, 3); break;
+            case 8: WEIGHTED(1, 4); break;
+            case 9: WEIGHTED(2, 1); break;
+            case 10: WEIGHTED(2, 2); break;
+            case 11: WEIGHTED(2, 3); break;
+            case 12: WEIGHTED(2, 4); break;
+            case 13: WEIGHTED(3, 1); break;
+            case 14: WEIGHTED(3, 2); break;
+            case 15: WEIGHTED(3, 3); break;
+            case 16: WEIGHTED(3, 4); break;
+            case 17: WEIGHTED(4, 1); break;
+            case 18: WEIGHTED(4, 2); break;
+            case 19: WEIGHTED(4, 3); break;
+            default: WEIGHTED(4, 4); break;
+            }
+#undef WEIGHTED
+            for (int h = 0; h < H; h++)
+                for (int e = 0; e < E; e++)
+                    storef(out + (long)(h0 + h) * d + e0 + e * W,
+                           acc[h][e] / splat(denom[h0 + h]));
         }
-        for (int e = dvec; e < d; e++) {
-            float acc = 0.0f;
-            for (int j = 0; j < L; j++) acc = sfma(scores[j], V[(long)j * p->dv + e], acc);
-            o[e] = acc / denom;
-        }
+        for (int h = h0; h < h0 + H; h++)
+            for (int e = dvec; e < d; e++) {
+                float acc = 0.0f;
+                for (int j = 0; j < L; j++) acc = sfma(rows[h][j], V[(long)j * p->dv + e], acc);
+                out[(long)h * d + e] = acc / denom[h];
+            }
     }
 }
 
@@ -212,7 +369,9 @@ static void *worker(void *arg) {
     run_t *run = arg;
     const attn_t *p = run->p;
     const int items = p->n * p->kv;
-    float *scores = aligned_alloc(64, sizeof(float) * ((size_t)(run->max_count + W - 1) / W * W) + 64);
+    const size_t padded = (size_t)(run->max_count + W - 1) / W * W;
+    const size_t bytes = sizeof(float) * padded * (size_t)(p->heads / p->kv);
+    float *scores = aligned_alloc(64, (bytes + 127) / 64 * 64);
     if (scores == NULL) return (void *)1;
     for (;;) {
         const int start = atomic_fetch_add(&run->next, CHUNK_ITEMS);
@@ -237,7 +396,9 @@ unsigned long mtplx_attn_split_calls(void) { return atomic_load(&split_calls); }
 int mtplx_attend(const float *q, const float *keys, const float *values, const int32_t *slot,
                  const int32_t *count, int n, int heads, int kv, int d, int slots, int cap,
                  int dv, float scale, float *out) {
-    if (heads <= 0 || kv <= 0 || heads % kv != 0 || d <= 0 || d > 512 || dv < d) return -1;
+    if (heads <= 0 || kv <= 0 || heads % kv != 0 || heads / kv > MAX_REPEATS || d <= 0 ||
+        d > 512 || dv < d)
+        return -1;
     int max_count = 1;
     double work = 0.0;
     for (int i = 0; i < n; i++) {

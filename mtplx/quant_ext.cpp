@@ -194,7 +194,8 @@ mx::array attend(const mx::array& q, const mx::array& keys, const mx::array& val
   if (keys.shape(3) != q.shape(2) || values.shape(3) < q.shape(2) ||
       values.shape(0) != keys.shape(0) || values.shape(1) != keys.shape(1) ||
       values.shape(2) != keys.shape(2) || q.shape(1) % keys.shape(1) != 0 ||
-      slot.shape(0) != n || count.shape(0) != n || q.shape(2) > 512)
+      slot.shape(0) != n || count.shape(0) != n || q.shape(2) > 512 ||
+      q.shape(1) / keys.shape(1) > 64)
     throw std::invalid_argument("attend: shapes do not match");
   if (q.dtype() != mx::float32 || keys.dtype() != mx::float32 || values.dtype() != mx::float32)
     throw std::invalid_argument("attend: q, keys and values must be float32");

@@ -3,13 +3,18 @@ independent of the other tokens of the call, their order, the chunking and the t
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from mtplx import attention
+from mtplx import attention, quant
 
 pytestmark = pytest.mark.skipif(
     not attention.available(), reason="the kernel needs a C compiler and nanobind to build"
@@ -159,3 +164,59 @@ def test_out_of_range_slots_and_counts_give_nan_and_bad_shapes_raise() -> None:
             mx.ones((1,), mx.int32),
             0.125,
         )
+
+
+_VARIANT_SCRIPT = """
+import json
+import mtplx
+import mlx.core as mx, numpy as np
+from mtplx import attention, quant
+rng = np.random.default_rng(12)
+out = {"variant": quant.quant_info().variant, "lanes": attention.lanes()}
+for heads, kv, d in [(9, 3, 64), (8, 2, 72), (4, 4, 5)]:
+    keys = rng.standard_normal((2, kv, 90, d)).astype(np.float32)
+    values = rng.standard_normal((2, kv, 90, d + 1)).astype(np.float32)
+    q = rng.standard_normal((40, heads, d)).astype(np.float32)
+    slots, counts = np.arange(40) % 2, np.arange(40) * 2 + 3
+    args = lambda i: (mx.array(q[i]), mx.array(keys), mx.array(values),
+                      mx.array(slots[i].astype(np.int32)), mx.array(counts[i].astype(np.int32)))
+    y = np.array(attention.attend(*args(slice(None)), 0.2)).reshape(40, heads, d)
+    alone = np.concatenate([np.array(attention.attend(*args(slice(i, i + 1)), 0.2))
+                            for i in range(40)]).reshape(40, heads, d)
+    ref = np.zeros((40, heads, d))
+    for i in range(40):
+        for h in range(heads):
+            k = keys[slots[i], h // (heads // kv), :counts[i]].astype(np.float64)
+            v = values[slots[i], h // (heads // kv), :counts[i], :d].astype(np.float64)
+            s = (q[i, h].astype(np.float64) * 0.2) @ k.T
+            p = np.exp(s - s.max())
+            ref[i, h] = p @ v / p.sum()
+    out[f"{heads}/{kv}/{d}"] = [bool((y == alone).all()), float(np.abs(y - ref).max())]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("variant", ["portable", "avx2", "avx512"])
+def test_each_variant_agrees_and_is_invariant(variant: str) -> None:
+    """Each vector variant of the kernel (built with the quantized kernel), forced, in a
+    fresh process; a variant this CPU cannot run is replaced by the portable one."""
+    if variant not in quant.runnable_variants():
+        variant = "portable"
+    env = dict(os.environ, MTPLX_QUANT_VARIANT=variant)
+    root = Path(__file__).resolve().parent.parent
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", _VARIANT_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result.pop("variant") == variant
+    assert result.pop("lanes") == (16 if variant == "avx512" else 8)
+    for invariant, error in result.values():
+        assert invariant
+        assert error < 2e-6
