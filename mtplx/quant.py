@@ -16,6 +16,9 @@ where it was not built for. Building needs a C/C++ compiler and the ``nanobind``
 (a build dependency: its sources are compiled into the extension). ``MTPLX_QUANT_VARIANT``
 forces a variant (``avx512``, ``avx2``, ``portable``), e.g. to compare them in tests.
 
+The same extension holds the fused attention kernel (``attn_kernel.c``, ``mtplx.attention``):
+one build, one cache entry, the same variants.
+
 On Metal, MLX's own quantized kernels serve (``mx.quantized_matmul``); the bitwise
 guarantees above are this CPU kernel's.
 """

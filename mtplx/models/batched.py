@@ -6,13 +6,16 @@ committed ones. Two implementations of the one interface (``BatchedTarget``):
 
 - ``SlotTarget`` (llama-like trunks, the default model): the rows' tokens are packed into
   one ``[1, N]`` sequence (N = sum of T_i) for every matmul, so each weight is read once per
-  step for all rows; attention runs per row in a padded ``[R, heads, T_max, L_max]`` layout
-  over a KV store with one slot per row. A row's logits never depend on the other rows,
-  bitwise: the matmuls' batch-invariant kernel sums every output element in a fixed order
-  whatever the row count, and attention is written so that a row's padding (shorter
-  history, fewer tokens than T_max) only appends exact zeros to its sums, which the kernel
-  ignores (``mtplx/blas_invariant.c``). A row alone and the same row among 15 others give
-  the same bits.
+  step for all rows; attention runs per row over a KV store with one slot per row: in the
+  fused C kernel (``mtplx.attention``: per packed token and head, over that token's own
+  keys) on the CPU, else in MLX ops in a padded ``[R, heads, T_max, L_max]`` layout. A
+  row's logits never depend on the other rows, bitwise: the matmuls' batch-invariant
+  kernels sum every output element in a fixed order whatever the row count, the fused
+  attention computes a token from its own inputs alone, and the MLX-op attention is written
+  so that a row's padding (shorter history, fewer tokens than T_max) only appends exact
+  zeros to its sums, which the kernel ignores (``mtplx/blas_invariant.c``). A row alone and
+  the same row among 15 others give the same bits, and a prompt fed in one forward gives
+  the bits of token-by-token decode steps.
 - ``PerRowTarget`` (``mtplx.models.per_row``; every other family: recurrent layers, MLA,
   ...): one forward of the model's own code per row, queued together and evaluated at
   once. Exact, not faster.
