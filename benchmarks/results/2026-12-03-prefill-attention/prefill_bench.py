@@ -82,6 +82,8 @@ def gap_while_admitted(engine: Engine, ids: list[int], stream_ids: list[int]) ->
     engine.abort(stream)
     return {
         "gap_max_s": max(during),
+        "gap_p90_s": statistics.quantiles(during, n=10)[-1],
+        "gap_median_s": statistics.median(during),
         "gap_median_before_s": statistics.median(before),
         "ttft_beside_stream_s": ttft,
     }
@@ -113,9 +115,10 @@ def main() -> None:
         engines[kind] = Engine(model)
         assert engines[kind].batched.attention == kind
     os.environ.pop("MTPLX_ATTENTION")
-    for engine in engines.values():  # traces and MLX's fused kernels built once
+    for engine in engines.values():  # traces and MLX's fused kernels built once per shape
         first_token(engine, _prompt(engine, 99, 400))
         decode_step(engine, _prompt(engine, 98, 20), 4)
+        gap_while_admitted(engine, _prompt(engine, 97, 300), _prompt(engine, 96, 30))
     results: dict[str, list[dict[str, float]]] = {k: [] for k in engines}
     for repeat in range(args.repeats):
         for kind, engine in engines.items():
@@ -129,6 +132,8 @@ def main() -> None:
                 )
             )
             row.update(decode_step(engine, _prompt(engine, 8, 30)))
+            long_context = decode_step(engine, _prompt(engine, 9, args.prompt_tokens), 16)
+            row.update({f"{k}_at_{args.prompt_tokens}": v for k, v in long_context.items()})
             row["load_after"] = os.getloadavg()[0]
             row["max_prefill_tokens"] = engine.batched.max_prefill_tokens
             results[kind].append(row)
