@@ -234,17 +234,18 @@ static inline __attribute__((always_inline)) void key_block(const float *k, cons
 /* One (token, kv head) item: the heads / kv query heads that share its keys and values,
  * together (each key and value is loaded once for all of them). scores holds repeats rows
  * of count rounded up to W floats. */
-static void item(const attn_t *p, int i, int g, float *scores) {
+static void item(const attn_t *p, int i, int g, float *scores, float *scaled) {
     const int d = p->d, L = p->count[i], repeats = p->heads / p->kv;
     const int dvec = d - d % W, padded = (L + W - 1) / W * W;
     const long base = ((long)p->slot[i] * p->kv + g) * p->cap;
     const float *K = p->keys + base * d;
     const float *V = p->values + base * p->dv;
-    float qs[MAX_REPEATS][512] __attribute__((aligned(64))); /* scaled queries */
+#define qs(r) (scaled + (long)(r) * d) /* the scaled queries, in the worker's scratch */
     float top[MAX_REPEATS];
     for (int r = 0; r < repeats; r++) {
         const float *q = p->q + ((long)i * p->heads + g * repeats + r) * d;
-        for (int e = 0; e < d; e++) qs[r][e] = q[e] * p->scale;
+        float *row = qs(r);
+        for (int e = 0; e < d; e++) row[e] = q[e] * p->scale;
         top[r] = -INFINITY;
     }
     int j0 = 0;
@@ -255,14 +256,14 @@ static void item(const attn_t *p, int i, int g, float *scores) {
                 const float *k = K + (long)j0 * d;
                 /* The usual head sizes as constants: the keys' addresses are then offsets
                  * from one pointer. */
-                if (d == 64) key_block(k, qs[r], 64, 64, acc);
-                else if (d == 128) key_block(k, qs[r], 128, 128, acc);
-                else key_block(k, qs[r], d, dvec, acc);
+                if (d == 64) key_block(k, qs(r), 64, 64, acc);
+                else if (d == 128) key_block(k, qs(r), 128, 128, acc);
+                else key_block(k, qs(r), d, dvec, acc);
                 float *row = scores + (long)r * padded + j0;
                 storef(row, reduce_many(acc));
                 for (int u = 0; u < W && dvec < d; u++) {
                     const float *kt = K + (long)(j0 + u) * d;
-                    for (int e = dvec; e < d; e++) row[u] = sfma(qs[r][e], kt[e], row[u]);
+                    for (int e = dvec; e < d; e++) row[u] = sfma(qs(r)[e], kt[e], row[u]);
                 }
             }
     for (int r = 0; r < repeats; r++) { /* the max of those scores (exact in any order) */
@@ -280,13 +281,13 @@ static void item(const attn_t *p, int i, int g, float *scores) {
         for (int r = 0; r < repeats; r++) {
             float s;
             if (dvec) {
-                vf acc = loadf(qs[r]) * loadf(k);
-                for (int e = W; e < dvec; e += W) acc = vfma(loadf(qs[r] + e), loadf(k + e), acc);
+                vf acc = loadf(qs(r)) * loadf(k);
+                for (int e = W; e < dvec; e += W) acc = vfma(loadf(qs(r) + e), loadf(k + e), acc);
                 s = reduce(acc);
             } else {
                 s = 0.0f;
             }
-            for (int e = dvec; e < d; e++) s = sfma(qs[r][e], k[e], s);
+            for (int e = dvec; e < d; e++) s = sfma(qs(r)[e], k[e], s);
             scores[(long)r * padded + j] = s;
             top[r] = s > top[r] ? s : top[r];
         }
@@ -315,6 +316,7 @@ static void item(const attn_t *p, int i, int g, float *scores) {
         for (int e0 = 0; e0 < dvec; e0 += VEC_BLOCK * W) {
             const int E = (dvec - e0) / W < VEC_BLOCK ? (dvec - e0) / W : VEC_BLOCK;
             vf acc[HEAD_BLOCK][4];
+            memset(acc, 0, sizeof acc); /* (weighted() sets them; this quiets the compiler) */
             /* Constant H and E (the compiler keeps the accumulators in registers). */
 #define WEIGHTED(h_, e_) weighted(V, p->dv, L, rows + h0, h_, e0, e_, acc)
             switch (H * 4 + E) {
@@ -348,6 +350,7 @@ static void item(const attn_t *p, int i, int g, float *scores) {
                 out[(long)h * d + e] = acc / denom[h];
             }
     }
+#undef qs
 }
 
 /* -- threads: items in chunks, taken by whichever thread is free ------------------------ */
@@ -370,14 +373,18 @@ static void *worker(void *arg) {
     const attn_t *p = run->p;
     const int items = p->n * p->kv;
     const size_t padded = (size_t)(run->max_count + W - 1) / W * W;
-    const size_t bytes = sizeof(float) * padded * (size_t)(p->heads / p->kv);
+    const size_t repeats = (size_t)(p->heads / p->kv);
+    /* Scratch on the heap (threads' stacks may be small): each head's scores, then its
+     * scaled query. */
+    const size_t bytes = sizeof(float) * (padded + (size_t)p->d) * repeats;
     float *scores = aligned_alloc(64, (bytes + 127) / 64 * 64);
     if (scores == NULL) return (void *)1;
+    float *scaled = scores + padded * repeats;
     for (;;) {
         const int start = atomic_fetch_add(&run->next, CHUNK_ITEMS);
         if (start >= items) break;
         const int end = start + CHUNK_ITEMS < items ? start + CHUNK_ITEMS : items;
-        for (int it = start; it < end; it++) item(p, it / p->kv, it % p->kv, scores);
+        for (int it = start; it < end; it++) item(p, it / p->kv, it % p->kv, scores, scaled);
     }
     free(scores);
     return NULL;
