@@ -10,6 +10,7 @@ from pathlib import Path
 from mtplx import serve as serve_commands
 from mtplx.bench import cli as bench_commands
 from mtplx.bench import prefix_bench
+from mtplx.file_limits import import_mlx_lm
 
 
 def _inspect(model: str) -> int:
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             "batch-invariant quantized kernel) or f32 (dequantized); sets MTPLX_WEIGHTS",
         )
     args = parser.parse_args(argv)
+    # Before anything imports mlx-lm, which would otherwise set the open-file limits itself.
+    import_mlx_lm()
     if getattr(args, "weights", None):
         # Every load path (the default model's cache directory included) reads it from here.
         os.environ["MTPLX_WEIGHTS"] = args.weights

@@ -96,6 +96,11 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
         "--prefix-cache-bytes",
         help="memory for cached prompt-prefix states (bytes or 512M, 2G; 0: off)",
     )
+    p.add_argument(
+        "--max-kv-bytes",
+        help="KV memory of running sequences past which no new one is admitted (bytes or "
+        "512M, 4G; none: no bound)",
+    )
     p.add_argument("--max-queue", type=int, help="waiting requests before 429")
     p.add_argument(
         "--shutdown-timeout", type=float, help="seconds in-flight requests may finish on SIGTERM"
@@ -198,6 +203,7 @@ def engine_factory(
     prefill_chunk_size: int = 32,
     prefix_cache_bytes: int = 0,
     pipeline: Any = None,
+    max_kv_bytes: int | None = None,
 ) -> Callable[[], Any]:
     """A callable that loads the checkpoint and builds the engine. The scheduler runs it on
     its engine thread, so MLX arrays are created on the thread that uses them, and the
@@ -229,6 +235,7 @@ def engine_factory(
             prefill_chunk_size=prefill_chunk_size,
             prefill_budget=256,
             prefix_cache_bytes=prefix_cache_bytes,
+            max_kv_bytes=max_kv_bytes,
             batched=batched,
         )
         engine.warm_up()  # while /health says loading, not in the first request
@@ -297,6 +304,7 @@ def serve(args: argparse.Namespace) -> int:
         "max_num_seqs": args.max_num_seqs,
         "prefill_chunk_size": args.prefill_chunk_size,
         "prefix_cache_bytes": args.prefix_cache_bytes,
+        "max_kv_bytes": args.max_kv_bytes,
         "max_queue": args.max_queue,
         "shutdown_timeout": args.shutdown_timeout,
         "max_tokens_limit": args.max_tokens_limit,
@@ -358,6 +366,7 @@ def serve(args: argparse.Namespace) -> int:
             settings.prefill_chunk_size,
             settings.prefix_cache_bytes,
             pipeline,
+            settings.max_kv_bytes,
         ),
         max_queue=settings.max_queue,
         request_timeout=settings.request_timeout,

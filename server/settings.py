@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -67,6 +67,13 @@ class ServerSettings(BaseSettings):
         ge=0,
         description="memory for cached prompt-prefix states (bytes, or with K/M/G: 512M, 2G); "
         "0 turns the prefix cache off",
+    )
+    max_kv_bytes: int | None = Field(
+        4 << 30,
+        ge=1,
+        description="KV memory (bytes, or with K/M/G: 512M, 4G) of the running sequences past "
+        "which no new one is admitted (it waits in the queue; one sequence alone always runs); "
+        "null or none: no bound",
     )
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 429")
     max_tokens_limit: int = Field(8192, ge=1, description="largest max_tokens a request may ask")
@@ -131,11 +138,14 @@ class ServerSettings(BaseSettings):
             )
         return value
 
-    @field_validator("prefix_cache_bytes", mode="before")
+    @field_validator("prefix_cache_bytes", "max_kv_bytes", mode="before")
     @classmethod
-    def _byte_size(cls, value: Any) -> Any:
+    def _byte_size(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, bool):  # YAML's yes / true would pass as 1 byte
             raise ValueError("a size is a number of bytes, or with K, M, G or T")
+        no_bound = isinstance(value, str) and value.strip().lower() in ("none", "null", "")
+        if no_bound and info.field_name == "max_kv_bytes":
+            return None
         return parse_byte_size(value) if isinstance(value, str) else value
 
     @field_validator("allowed_hosts", "allowed_origins", mode="before")

@@ -28,7 +28,13 @@ import pytest
 # OpenBLAS (mtplx.blas), which only works before libmlx is loaded. Conftest files are imported
 # before test modules, so doing it here covers test modules that import mlx first.
 import mtplx  # noqa: F401
-from tests.fixtures.checkpoints import build_checkpoint
+from mtplx.file_limits import import_mlx_lm
+
+# As the command line does: mlx-lm would otherwise cap this process's (and every live
+# server's it starts) open-file limits at (2048, 4096).
+import_mlx_lm()
+
+from tests.fixtures.checkpoints import build_checkpoint  # noqa: E402
 
 
 def _build(factory: pytest.TempPathFactory, kind: str, **options: object) -> Path:

@@ -271,10 +271,11 @@ def test_ensure_default_model_converts_once(tiny, tmp_path: Path, monkeypatch) -
     monkeypatch.delenv("MTPLX_WEIGHTS", raising=False)
     monkeypatch.setattr(conv, "default_gguf_path", lambda: src)
     path = conv.ensure_default_model()
-    assert path == tmp_path / "models" / "SmolLM2-135M-Instruct-native" == conv.default_model_dir()
+    models = tmp_path / "models"
+    assert path == models / "native" / "SmolLM2-135M-Instruct" == conv.default_model_dir()
     assert "quantization" in json.loads((path / "config.json").read_text())
     f32 = conv.ensure_default_model("f32")
-    assert f32 == tmp_path / "models" / "SmolLM2-135M-Instruct-f32" == conv.default_model_dir("f32")
+    assert f32 == models / "f32" / "SmolLM2-135M-Instruct" == conv.default_model_dir("f32")
     assert "quantization" not in json.loads((f32 / "config.json").read_text())
     monkeypatch.setenv("MTPLX_WEIGHTS", "f32")
     assert conv.default_model_dir() == f32

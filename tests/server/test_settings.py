@@ -150,3 +150,26 @@ def test_prefix_cache_bytes_takes_sizes(text, expected, tmp_path, monkeypatch):
 def test_prefix_cache_bytes_refuses_what_is_not_a_size(text):
     with pytest.raises(ValidationError):
         load_settings(None, {"prefix_cache_bytes": text})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("4G", 4 << 30), ("1048576", 1 << 20), ("none", None), ("null", None), (None, None)],
+)
+def test_max_kv_bytes_takes_sizes_or_none(text, expected, tmp_path, monkeypatch):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"max_kv_bytes: {'null' if text is None else text}\n")
+    assert load_settings(config).max_kv_bytes == expected
+    if text is not None:
+        monkeypatch.setenv("MTPLX_MAX_KV_BYTES", text)
+        assert load_settings().max_kv_bytes == expected
+
+
+def test_max_kv_bytes_defaults_to_a_bound():
+    assert load_settings().max_kv_bytes == 4 << 30
+
+
+@pytest.mark.parametrize("text", ["lots", "0", "-1", True])
+def test_max_kv_bytes_refuses_what_is_not_a_size(text):
+    with pytest.raises(ValidationError):
+        load_settings(None, {"max_kv_bytes": text})
