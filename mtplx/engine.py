@@ -61,6 +61,10 @@ logger = logging.getLogger(__name__)
 
 # Until calibration measures this machine: a plain step of B rows costs ~1 + B/8 of one
 # row's, a verified token per row a third of a row's plain step.
+# Beside decoding streams, a step's tokens in all (decoding and prompt) stay within this many
+# even where the target takes more rows a forward (``max_packed_rows``; a prompt alone then
+# feeds more): the float32 invariant kernel's rows, which the streams' gaps were sized on.
+BESIDE_STREAMS_TOKENS = 128
 DEFAULT_COSTS = StepCosts([1, 8, 16], [0.06, 0.12, 0.17], [0.02, 0.06, 0.1], [0.01, 0.01, 0.01])
 
 StepEvent = tuple[Sequence, Event | BaseException]
@@ -534,10 +538,16 @@ class Engine:
         self, num_decode_tokens: int, idle: bool = False
     ) -> list[tuple[Sequence, list[int]]]:
         """Prompt tokens to feed in this step's forward beside ``num_decode_tokens``
-        decoding ones, all within ``max_packed_rows`` (every row then stays batch-invariant):
-        waiting prompts share what is left, oldest first, each at most ``_prefill_piece``;
+        decoding ones, all within ``max_packed_rows`` (every row then stays batch-invariant)
+        and, beside decoding streams, within BESIDE_STREAMS_TOKENS (a stream's gap between
+        tokens grows with the step): waiting prompts share what is left, oldest first, each
+        at most ``_prefill_piece``;
         at least one token a step while any prompt waits. ``idle``: no stream decodes."""
-        budget = min(self.prefill_budget, self.batched.max_packed_rows - num_decode_tokens)
+        rows = self.batched.max_packed_rows
+        if idle:  # nothing decodes, nobody waits on the step: a whole forward of prompt
+            budget = min(max(self.prefill_budget, self.batched.max_prefill_tokens), rows)
+        else:  # a running stream waits for the step: its tokens in all stay few
+            budget = min(self.prefill_budget, min(rows, BESIDE_STREAMS_TOKENS) - num_decode_tokens)
         waiting = [s for s in self.running if not s.prefilled and not s.finished]
         if self.prefix is not None:
             for sequence in waiting:

@@ -16,6 +16,9 @@ where it was not built for. Building needs a C/C++ compiler and the ``nanobind``
 (a build dependency: its sources are compiled into the extension). ``MTPLX_QUANT_VARIANT``
 forces a variant (``avx512``, ``avx2``, ``portable``), e.g. to compare them in tests.
 
+The same extension holds the fused attention kernel (``attn_kernel.c``, ``mtplx.attention``):
+one build, one cache entry, the same variants.
+
 On Metal, MLX's own quantized kernels serve (``mx.quantized_matmul``); the bitwise
 guarantees above are this CPU kernel's.
 """
@@ -57,9 +60,10 @@ __all__ = [
     "set_threads",
 ]
 
-_VERSION = 1  # bump when the build recipe changes, to invalidate cached builds
+_VERSION = 2  # bump when the build recipe changes, to invalidate cached builds
 _HERE = Path(__file__).resolve().parent
 _KERNEL = _HERE / "quant_kernel.c"
+_ATTENTION = _HERE / "attn_kernel.c"  # the fused attention (``mtplx.attention``), same library
 _EXT = _HERE / "quant_ext.cpp"
 
 # Variant -> (the CPU features it needs, the compiler flags it is built with). FMA is part
@@ -168,6 +172,7 @@ def _target(variant: str) -> tuple[Path, dict[str, object]]:
         variant,
         " ".join(_VARIANTS[variant][1] + _C_FLAGS + _CXX_FLAGS),
         _KERNEL.read_text(),
+        _ATTENTION.read_text(),
         _EXT.read_text(),
         mx.__version__,
         str((mlx_root / "lib" / "libmlx.so").stat().st_size)
@@ -199,10 +204,12 @@ def build(variant: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp)
         kernel_o, ext_o, lib = out / "k.o", out / "e.o", out / "ext.so"
-        _run(
-            [cc, *_C_FLAGS, *_VARIANTS[variant][1], "-c", str(_KERNEL), "-o", str(kernel_o)],
-            "quant_kernel.c",
-        )
+        attention_o = out / "a.o"
+        for source, obj in ((_KERNEL, kernel_o), (_ATTENTION, attention_o)):
+            _run(
+                [cc, *_C_FLAGS, *_VARIANTS[variant][1], "-c", str(source), "-o", str(obj)],
+                source.name,
+            )
         nb_o = _nanobind_object(cxx, nb, includes)
         _run(
             [
@@ -228,6 +235,7 @@ def build(variant: str) -> Path:
                 str(ext_o),
                 str(nb_o),
                 str(kernel_o),
+                str(attention_o),
                 f"-L{mlx_root / 'lib'}",
                 "-lmlx",
                 f"-Wl,-rpath,{mlx_root / 'lib'}",

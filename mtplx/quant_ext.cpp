@@ -1,4 +1,5 @@
-// MLX primitive around quant_kernel.c's batch-invariant quantized product.
+// MLX primitives around quant_kernel.c's batch-invariant quantized product and
+// attn_kernel.c's batch-invariant fused attention.
 //
 // A primitive (rather than a Python call on evaluated arrays) keeps the product inside
 // MLX's lazy graph: it composes with mx.compile, and async_eval runs it on the CPU stream's
@@ -33,6 +34,13 @@ int mtplx_qmm_threads(void);
 unsigned long mtplx_qmm_split_calls(void);
 int mtplx_qmm_fused(void);
 int mtplx_qmm_lanes(void);
+int mtplx_attend(const float* q, const float* keys, const float* values, const int32_t* slot,
+                 const int32_t* count, int n, int heads, int kv, int d, int slots, int cap,
+                 int dv, float scale, float* out);
+void mtplx_attn_set_threads(int threads);
+unsigned long mtplx_attn_split_calls(void);
+float mtplx_attn_exp(float x);
+int mtplx_attn_lanes(void);
 }
 
 namespace {
@@ -147,6 +155,88 @@ mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales,
                    {xf, w, sc, bc});
 }
 
+// Attention of packed query tokens over a KV store (attn_kernel.c): inputs q [n, heads, d],
+// keys [S, kv, cap, d], values [S, kv, cap, dv], slot [n], count [n] (int32) -> [n, heads * d].
+class StoreAttention : public mx::UnaryPrimitive {
+ public:
+  StoreAttention(mx::Stream stream, float scale) : mx::UnaryPrimitive(stream), scale_(scale) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& input : inputs) encoder.set_input_array(input);
+    encoder.set_output_array(out);
+    const mx::array& q = inputs[0];
+    const mx::array& keys = inputs[1];
+    const mx::array& values = inputs[2];
+    const int n = static_cast<int>(q.shape(0));
+    const int heads = static_cast<int>(q.shape(1));
+    const int d = static_cast<int>(q.shape(2));
+    const int slots = static_cast<int>(keys.shape(0));
+    const int kv = static_cast<int>(keys.shape(1));
+    const int cap = static_cast<int>(keys.shape(2));
+    const int dv = static_cast<int>(values.shape(3));
+    encoder.dispatch([q = mx::array::unsafe_weak_copy(q),
+                      k = mx::array::unsafe_weak_copy(keys),
+                      v = mx::array::unsafe_weak_copy(values),
+                      s = mx::array::unsafe_weak_copy(inputs[3]),
+                      c = mx::array::unsafe_weak_copy(inputs[4]),
+                      y = mx::array::unsafe_weak_copy(out), n, heads, d, slots, kv, cap, dv,
+                      scale = scale_]() mutable {
+      const int status =
+          mtplx_attend(q.data<float>(), k.data<float>(), v.data<float>(), s.data<int32_t>(),
+                       c.data<int32_t>(), n, heads, kv, d, slots, cap, dv, scale, y.data<float>());
+      // -2 (a slot or count out of range) leaves NaN in the result; the shapes were checked
+      // when the graph was built, so nothing else fails here.
+      (void)status;
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mtplx attention runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXStoreAttention"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const StoreAttention*>(&other);
+    return o != nullptr && o->scale_ == scale_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {{inputs[0].shape(0), inputs[0].shape(1) * inputs[0].shape(2)}};
+  }
+
+ private:
+  float scale_;
+};
+
+mx::array attend(const mx::array& q, const mx::array& keys, const mx::array& values,
+                 const mx::array& slot, const mx::array& count, float scale) {
+  if (q.ndim() != 3 || keys.ndim() != 4 || values.ndim() != 4 || slot.ndim() != 1 ||
+      count.ndim() != 1)
+    throw std::invalid_argument(
+        "attend: q [n, heads, d], keys [S, kv, cap, d], values [S, kv, cap, dv], slot [n], "
+        "count [n]");
+  const auto n = q.shape(0);
+  if (keys.shape(3) != q.shape(2) || values.shape(3) < q.shape(2) ||
+      values.shape(0) != keys.shape(0) || values.shape(1) != keys.shape(1) ||
+      values.shape(2) != keys.shape(2) || q.shape(1) % keys.shape(1) != 0 ||
+      slot.shape(0) != n || count.shape(0) != n || q.shape(2) > 512 ||
+      q.shape(1) / keys.shape(1) > 64)
+    throw std::invalid_argument("attend: shapes do not match");
+  if (q.dtype() != mx::float32 || keys.dtype() != mx::float32 || values.dtype() != mx::float32)
+    throw std::invalid_argument("attend: q, keys and values must be float32");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  auto c = [&](const mx::array& a, mx::Dtype t) {
+    return mx::contiguous(mx::astype(a, t, stream), false, stream);
+  };
+  return mx::array({n, q.shape(1) * q.shape(2)}, mx::float32,
+                   std::make_shared<StoreAttention>(stream, scale),
+                   {c(q, mx::float32), c(keys, mx::float32), c(values, mx::float32),
+                    c(slot, mx::int32), c(count, mx::int32)});
+}
+
 }  // namespace
 
 NB_MODULE(_mtplx_quant, m) {
@@ -159,4 +249,11 @@ NB_MODULE(_mtplx_quant, m) {
   m.def("split_calls", []() { return mtplx_qmm_split_calls(); });
   m.def("fused", []() { return mtplx_qmm_fused() != 0; });
   m.def("lanes", []() { return mtplx_qmm_lanes(); });
+  m.def("attend", &attend, nb::arg("q"), nb::arg("keys"), nb::arg("values"), nb::arg("slot"),
+        nb::arg("count"), nb::arg("scale"),
+        "Causal attention of packed tokens over a KV store as a lazy MLX array [n, heads * d].");
+  m.def("attn_set_threads", [](int t) { mtplx_attn_set_threads(t); }, nb::arg("threads"));
+  m.def("attn_split_calls", []() { return mtplx_attn_split_calls(); });
+  m.def("attn_exp", [](float x) { return mtplx_attn_exp(x); }, nb::arg("x"));
+  m.def("attn_lanes", []() { return mtplx_attn_lanes(); });
 }

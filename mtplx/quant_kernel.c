@@ -279,7 +279,17 @@ static inline __attribute__((always_inline)) void tile_panel(const qmm_t *p, con
     finish_tile(p, m0, R, n0, C, acc);
 }
 
-#define PANEL_COLS 2 /* columns unpacked to the panel at a time (many rows) */
+/* Many rows: PANEL_COLS columns are unpacked to a panel (in L2) at a time, then each tile of
+ * TILE_ROWS rows (in L1) passes over the whole panel, PANEL_TILE columns at a time. Rows are
+ * thus read once per panel, not once per column pair: for a prompt chunk of hundreds of rows
+ * x itself outgrows the caches, and re-reading it for every column pair made the product
+ * bound by memory. Tiling changes no element's arithmetic. */
+#define PANEL_COLS 64
+#if W == 16
+#define PANEL_TILE 4 /* 16 accumulators + 8 weight vectors + 2 x vectors of 32 registers */
+#else
+#define PANEL_TILE 2 /* 16 registers */
+#endif
 
 static inline __attribute__((always_inline)) void unpack_panel(const qmm_t *p, const int bits,
                                                                 int n0, int C, float *panel) {
@@ -324,8 +334,10 @@ static inline __attribute__((always_inline)) void columns_bits(const qmm_t *p, c
         unpack_panel(p, bits, n, C, panel);
         int m = 0;
         for (; m + TILE_ROWS <= p->M; m += TILE_ROWS) {
-            if (C == PANEL_COLS) tile_panel(p, panel, m, TILE_ROWS, n, PANEL_COLS);
-            else tile_panel(p, panel, m, TILE_ROWS, n, 1);
+            int c = 0;
+            for (; c + PANEL_TILE <= C; c += PANEL_TILE)
+                tile_panel(p, panel + (long)c * p->K, m, TILE_ROWS, n + c, PANEL_TILE);
+            for (; c < C; c++) tile_panel(p, panel + (long)c * p->K, m, TILE_ROWS, n + c, 1);
         }
         const int R = p->M - m;
         for (int c = 0; c < C; c++) { /* the last rows, one column at a time */

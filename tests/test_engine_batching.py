@@ -247,3 +247,40 @@ def test_prompt_logprobs_equal_the_models_own_and_hold_under_load(
     monkeypatch.setattr(engine, "prefill_chunk_size", 5)
     _, last = run_batch(engine, [*others, scoring], join_at=[0, 0, 0, 1])
     assert _scores(last[3]) == alone
+
+
+def test_a_prompt_alone_feeds_whole_forwards_and_beside_a_stream_few_tokens(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing decoding, a prompt feeds ``max_prefill_tokens`` a forward (384 where
+    every product is quantized and attention runs in the fused kernel); beside a decoding
+    stream, a step's tokens in all stay within 128, so the stream's gap stays short."""
+    batched = engine.batched
+    fed: list[list[int]] = []
+    forward = batched.forward
+
+    def recording(rows, tokens, logits="all"):
+        fed.append([int(t.shape[0]) for t in tokens])
+        return forward(rows, tokens, logits)
+
+    monkeypatch.setattr(batched, "forward", recording)
+    vocab = engine.vocab_size
+    prompt = [(11 * j * j + 5) % (vocab - 3) + 3 for j in range(900)]
+    _solo(engine, GenerationRequest(prompt, GREEDY, 1, drafter="none"))
+    if not batched.max_packed_rows:  # one forward per row: prompts go in chunks of their own
+        assert all(len(sizes) == 1 for sizes in fed)
+        return
+    largest = batched.max_prefill_tokens
+    assert largest == (384 if engine.model.weights.startswith("affine") else 128)
+    assert fed[0] == [largest] and max(map(sum, fed)) == largest
+    fed.clear()
+    stream = engine.add(GenerationRequest([5, 6, 7], GREEDY, 400, drafter="none"))
+    while not any(s is stream and isinstance(e, TokenEvent) for s, e in engine.step()):
+        pass
+    fed.clear()
+    long = engine.add(GenerationRequest(prompt, GREEDY, 1, drafter="none"))
+    while not long.finished and not long.prefilled:
+        engine.step()
+    assert fed and max(map(sum, fed)) <= 128
+    engine.abort(long)
+    engine.abort(stream)

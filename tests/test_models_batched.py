@@ -191,3 +191,74 @@ def test_a_lazy_trim_gives_the_bits_of_a_trim(model, compiled: bool) -> None:
         assert mx.array_equal(a.hidden, b.hidden).item()
     assert mx.array_equal(eager_block.keys, lazy_block.keys).item()
     assert mx.array_equal(eager_block.hidden, lazy_block.hidden).item()
+
+
+def _fed_by(target: SlotTarget, prompt: mx.array, chunks: list[int]):
+    """A fresh row fed ``prompt`` in forwards of ``chunks`` tokens (their sum is its length):
+    every position's logits [L, V] and hidden states [L, H], and the row's saved block (the
+    KV of every layer and the hidden states, as the prefix cache stores them)."""
+    row = target.new_row()
+    logits, hidden, start = [], [], 0
+    for size in chunks:
+        (out,) = target.forward([row], [prompt[start : start + size]], "all")
+        mx.eval(out.logits, out.hidden, target.unevaluated())
+        logits.append(out.logits)
+        hidden.append(out.hidden)
+        start += size
+    block = target.save_block(row, 0, row.length)
+    target.release(row)
+    return mx.concatenate(logits), mx.concatenate(hidden), block
+
+
+def _assert_prefill_equals_decode(target: SlotTarget, prompt: mx.array, plans) -> None:
+    """Token by token (decode steps) and every chunking in ``plans`` give the same bits:
+    logits, hidden states, keys and values."""
+    length = int(prompt.shape[0])
+    want = _fed_by(target, prompt, [1] * length)
+    for chunks in plans:
+        got = _fed_by(target, prompt, chunks)
+        assert mx.array_equal(got[0], want[0]).item(), chunks
+        assert mx.array_equal(got[1], want[1]).item(), chunks
+        for name in ("keys", "values", "hidden"):
+            assert mx.array_equal(getattr(got[2], name), getattr(want[2], name)).item(), name
+
+
+def test_prefill_in_any_chunking_gives_the_bits_of_decode_steps(model) -> None:
+    """With the fused attention kernel, a prompt fed in one forward, in chunks of any size
+    or token by token (as decode steps feed) writes the same KV and gives the same logits,
+    bitwise: the prefix cache is exact and a prompt's first token does not depend on how it
+    was chunked."""
+    target = SlotTarget(model.target, max_rows=4, keep_hidden=True)
+    assert target.attention == "kernel"
+    prompt = _prompt(3, 200)
+    # The largest forward the target takes: 200 tokens at once on the quantized kernel; the
+    # float products' BLAS kernel is batch-invariant up to 128 rows.
+    largest = min(200, target.max_prefill_tokens)
+    whole = [largest] * (200 // largest) + ([200 % largest] if 200 % largest else [])
+    _assert_prefill_equals_decode(target, prompt, [whole, [7] * 28 + [4], [64, 64, 64, 8]])
+
+
+def test_quantized_targets_with_the_kernel_prefill_hundreds_of_tokens_a_forward(model) -> None:
+    """Every product on the quantized kernel and attention on the fused one: no row limit,
+    so a prompt alone feeds hundreds of tokens a forward; float products keep the BLAS
+    kernel's limit."""
+    target = SlotTarget(model.target, max_rows=4)
+    quantized = model.weights.startswith("affine")
+    assert target.max_prefill_tokens == (384 if quantized else 128)
+    assert SlotTarget(model.target, max_rows=4, attention="mlx").max_prefill_tokens == 128
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    from mtplx.models.gguf import ensure_default_model
+
+    return load(ensure_default_model())
+
+
+def test_the_default_model_prefills_with_the_bits_of_decode_steps(default_model) -> None:
+    """The default model on its Q4_1 weights: a prompt of 300 tokens in one forward and in
+    the engine's chunks gives the logits, hidden states and KV of 300 decode steps."""
+    target = SlotTarget(default_model.target, max_rows=4, keep_hidden=True)
+    assert target.attention == "kernel" and target.max_prefill_tokens == 384
+    prompt = mx.array([(11 + 37 * j * j) % 20000 + 100 for j in range(300)], mx.int32)
+    _assert_prefill_equals_decode(target, prompt, [[300], [32] * 9 + [12]])

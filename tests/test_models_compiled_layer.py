@@ -61,15 +61,20 @@ def _run(target: SlotTarget) -> list[list[tuple[mx.array, mx.array]]]:
     return outputs
 
 
-def test_compiled_forwards_give_the_uncompiled_bits(model, monkeypatch: pytest.MonkeyPatch) -> None:
-    compiled = SlotTarget(model.target, max_rows=8)
+@pytest.mark.parametrize("attention", ["mlx", "kernel"])
+def test_compiled_forwards_give_the_uncompiled_bits(
+    model, monkeypatch: pytest.MonkeyPatch, attention: str
+) -> None:
+    """Both attention paths: MLX's ops (the compiled ``attend`` piece) and the fused kernel
+    (called from both paths alike)."""
+    compiled = SlotTarget(model.target, max_rows=8, attention=attention)
     assert compiled._compiled is not None  # the fixture is the default model's family
     calls = []
     attend = compiled._compiled.attend
     monkeypatch.setattr(
         compiled._compiled, "attend", lambda *a: calls.append(a[1].shape[-1]) or attend(*a)
     )
-    plain = SlotTarget(model.target, max_rows=8)
+    plain = SlotTarget(model.target, max_rows=8, attention=attention)
     plain._compiled = None
     expected, got = _run(plain), _run(compiled)
     for step, (want, have) in enumerate(zip(expected, got, strict=True)):
@@ -80,15 +85,19 @@ def test_compiled_forwards_give_the_uncompiled_bits(model, monkeypatch: pytest.M
     # (64): rows of 30-103 positions, then row 1 at 296 after its 200-token chunk -- never the
     # store's whole capacity (512 by then)
     assert ATTEND_STEP == 64
+    if attention == "kernel":
+        assert not calls  # the kernel reads each token's keys up to its own count
+        return
     assert calls and set(calls) == {64, 128, 320}
 
 
 def test_a_short_row_attends_over_its_span_beside_a_grown_store(model, monkeypatch) -> None:
     """A long row grows every slot's store, which stays grown while other rows run; a short
-    row then attends over its own span (same bits as beside no long row), not the capacity."""
+    row then attends over its own span (same bits as beside no long row), not the capacity.
+    (MLX's attention ops: the fused kernel reads a token's keys up to its count alone.)"""
     results, spans = [], []
     for with_long_row in (True, False):
-        target = SlotTarget(model.target, max_rows=8)
+        target = SlotTarget(model.target, max_rows=8, attention="mlx")
         short = target.new_row()
         logits = [target.forward([short], [mx.array(_tokens(7, 20), mx.int32)], "all")[0].logits]
         if with_long_row:

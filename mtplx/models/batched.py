@@ -6,13 +6,16 @@ committed ones. Two implementations of the one interface (``BatchedTarget``):
 
 - ``SlotTarget`` (llama-like trunks, the default model): the rows' tokens are packed into
   one ``[1, N]`` sequence (N = sum of T_i) for every matmul, so each weight is read once per
-  step for all rows; attention runs per row in a padded ``[R, heads, T_max, L_max]`` layout
-  over a KV store with one slot per row. A row's logits never depend on the other rows,
-  bitwise: the matmuls' batch-invariant kernel sums every output element in a fixed order
-  whatever the row count, and attention is written so that a row's padding (shorter
-  history, fewer tokens than T_max) only appends exact zeros to its sums, which the kernel
-  ignores (``mtplx/blas_invariant.c``). A row alone and the same row among 15 others give
-  the same bits.
+  step for all rows; attention runs per row over a KV store with one slot per row: in the
+  fused C kernel (``mtplx.attention``: per packed token and head, over that token's own
+  keys) on the CPU, else in MLX ops in a padded ``[R, heads, T_max, L_max]`` layout. A
+  row's logits never depend on the other rows, bitwise: the matmuls' batch-invariant
+  kernels sum every output element in a fixed order whatever the row count, the fused
+  attention computes a token from its own inputs alone, and the MLX-op attention is written
+  so that a row's padding (shorter history, fewer tokens than T_max) only appends exact
+  zeros to its sums, which the kernel ignores (``mtplx/blas_invariant.c``). A row alone and
+  the same row among 15 others give the same bits, and a prompt fed in one forward gives
+  the bits of token-by-token decode steps.
 - ``PerRowTarget`` (``mtplx.models.per_row``; every other family: recurrent layers, MLA,
   ...): one forward of the model's own code per row, queued together and evaluated at
   once. Exact, not faster.
@@ -30,6 +33,7 @@ import contextlib
 import ctypes
 import functools
 import itertools
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,12 +43,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
 
+from mtplx import attention as fused_attention
 from mtplx.blas_shim import INVARIANT_MAX_ROWS
 from mtplx.models.base import TargetModel
 from mtplx.models.compiled_layer import CompiledLayer
 from mtplx.models.kv_store import KV_STEP, SHARED_CAPACITY, KVStore, LayerKV
 from mtplx.models.per_row import PerRowTarget
 from mtplx.models.quantized import (
+    InvariantQuantizedEmbedding,
     InvariantQuantizedLinear,
     QuantWeight,
     activation_dtype,
@@ -73,6 +79,11 @@ ATTEND_STEP = 64
 # Rows feeding at most this many tokens (a verify of up to 5 drafts, plain decoding) attend
 # together; longer ones (prefill chunks) in a group of their own.
 VERIFY_TOKENS = 8
+# A forward's packed tokens when every product runs on the quantized kernel and attention on
+# the fused kernel: neither has a row limit (their per-element order does not depend on the
+# row count), so a prompt alone feeds this many tokens a forward. The bound keeps a forward's
+# scratch arrays small and the shared store's padding (``SlotTarget._place``) short.
+UNBOUNDED_PREFILL_TOKENS = 384
 
 
 # -- packed matmuls, per-row attention over slots -------------------------------------------
@@ -125,6 +136,9 @@ class _Group:
     # verifies of one depth): the padded layout is the packed one, so spreading to it and
     # gathering back are the identity and need no gather (two graph nodes each, every layer).
     dense: bool = False
+    # The fused attention kernel's per-token inputs (``mtplx.attention``), in packed order:
+    slots: mx.array | None = None  # [end - start] int32: each token's slot in ``store``
+    counts: mx.array | None = None  # [end - start] int32: the keys it sees (position + 1)
 
 
 @dataclass
@@ -238,12 +252,23 @@ def _linear(x: mx.array, weight: mx.array | QuantWeight, bias: mx.array | None) 
 
 
 class SlotTarget:
-    """A llama-like MLXTarget batched over slots (see the module docstring)."""
+    """A llama-like MLXTarget batched over slots (see the module docstring).
+
+    ``attention``: ``"kernel"`` runs every forward's attention (decode, verify and prefill
+    alike) in the fused C kernel (``mtplx.attention``), ``"mlx"`` in MLX ops; None picks the
+    kernel wherever it serves (CPU, float32 store), unless ``MTPLX_ATTENTION=mlx``. One
+    target uses one of them for all its forwards, so its rows stay bitwise consistent."""
 
     recurrent = False
     max_packed_rows = INVARIANT_MAX_ROWS
 
-    def __init__(self, target: Any, max_rows: int = 16, keep_hidden: bool = False) -> None:
+    def __init__(
+        self,
+        target: Any,
+        max_rows: int = 16,
+        keep_hidden: bool = False,
+        attention: str | None = None,
+    ) -> None:
         self.target = target
         self.keep_hidden = keep_hidden  # store every position's hidden state (prefix cache)
         self.trunk = target.trunk
@@ -260,12 +285,52 @@ class SlotTarget:
         # that keep it within the invariant kernel, like every matmul of a forward of at
         # most INVARIANT_MAX_ROWS tokens, so a prompt's cache is the same bits however it
         # is chunked and whatever shares its forwards.
-        attention = self.trunk.inner.layers[0].self_attn
-        repeats = attention.n_heads // attention.n_kv_heads
+        first = self.trunk.inner.layers[0].self_attn
+        repeats = first.n_heads // first.n_kv_heads
         self._query_block = max(INVARIANT_MAX_ROWS // repeats, 1)
-        self.max_prefill_tokens = INVARIANT_MAX_ROWS
+        self._prefill_tokens = INVARIANT_MAX_ROWS
         self._fused = [_fuse(layer) for layer in self.trunk.inner.layers]
         self._compiled = CompiledLayer.for_trunk(list(self.trunk.inner.layers), self._fused)
+        self.attention = self._attention_kind(attention)
+        if self.attention == "kernel" and self._products_unbounded():
+            # No product of a forward goes through the row-limited BLAS kernel: a prompt
+            # alone may feed hundreds of tokens a forward (``Engine._prefill_piece``).
+            self._prefill_tokens = UNBOUNDED_PREFILL_TOKENS
+            self.max_packed_rows = UNBOUNDED_PREFILL_TOKENS
+
+    @property
+    def max_prefill_tokens(self) -> int:
+        """The most prompt tokens a row feeds in one forward (the engine's largest piece):
+        the products' row limit, and at most half the shared store (a shared row's chunk is
+        the store's padding, ``_place``), never below INVARIANT_MAX_ROWS."""
+        return min(self._prefill_tokens, max(INVARIANT_MAX_ROWS, self.shared_capacity // 2))
+
+    def _attention_kind(self, wanted: str | None) -> str:
+        """``"kernel"`` or ``"mlx"`` (see the class docstring)."""
+        wanted = wanted or os.environ.get("MTPLX_ATTENTION", "").strip().lower() or None
+        if wanted not in (None, "kernel", "mlx"):
+            raise ValueError(f"attention must be 'kernel' or 'mlx', not {wanted!r}")
+        dtype = activation_dtype(self.trunk.inner)
+        if wanted == "mlx" or not fused_attention.available(dtype):
+            if wanted == "kernel":
+                raise RuntimeError("the fused attention kernel does not serve this model here")
+            return "mlx"
+        return "kernel"
+
+    def _products_unbounded(self) -> bool:
+        """Whether every product of a forward runs on the quantized kernel (no row limit):
+        the fused projections, o_proj, down_proj and the LM head."""
+        if any(fused is None for fused in self._fused):
+            return False
+        weights: list[Any] = []
+        for layer, fused in zip(self.trunk.inner.layers, self._fused, strict=True):
+            assert fused is not None
+            weights += [fused.qkv, fused.gate_up]
+            weights += [weight_of(layer.self_attn.o_proj), weight_of(layer.mlp.down_proj)]
+        owner, inner = self.trunk.owner, self.trunk.inner
+        head = owner.lm_head if "lm_head" in owner else inner.embed_tokens
+        quantized_head = type(head) in (InvariantQuantizedLinear, InvariantQuantizedEmbedding)
+        return quantized_head and all(isinstance(w, QuantWeight) for w in weights)
 
     def _new_store(self, num_slots: int) -> KVStore:
         attention = self.trunk.inner.layers[0].self_attn
@@ -461,7 +526,9 @@ class SlotTarget:
         """This target's layers (all of the trunk's, or a pipeline stage's): [1, N, H] ->
         [1, N, H]."""
         compiled = self._compiled
-        if compiled is not None and all(g.visible is not None for g in groups):
+        if compiled is not None and (
+            self.attention == "kernel" or all(g.visible is not None for g in groups)
+        ):
             return self._compiled_layers(compiled, x, groups, positions)
         for index, (layer, fused) in enumerate(
             zip(self.trunk.inner.layers, self._fused, strict=True)
@@ -490,6 +557,9 @@ class SlotTarget:
             for group in groups:
                 store = group.store.layers[index]
                 self._write_group(store, group, keys_all, values_all, attn.n_kv_heads)
+                if self.attention == "kernel":
+                    attended.append(self._kernel_attention(attn, queries_all, store, group))
+                    continue
                 window = slice(group.store_first, group.store_first + group.num_slots)
                 out = compiled.attend(
                     _padded(queries_all, group, attn.n_heads),
@@ -630,9 +700,18 @@ class SlotTarget:
         key_length = max(lengths) + max_tokens
         query_end = offsets[:, None] + mx.arange(max_tokens)[None, :]  # [R, T]
         mask = mx.arange(key_length)[None, None, :] <= query_end[:, :, None]  # [R, T, L]
-        visible = None
+        visible = slots = counts_seen = None
         span = min(-(-key_length // ATTEND_STEP) * ATTEND_STEP, store.capacity)
-        if self._compiled is not None and max_tokens <= self._query_block:
+        if self.attention == "kernel":
+            # Per packed token: its slot in the store, and the keys it sees (its row's offset,
+            # lazy trims included, + its index in the row's tokens + 1).
+            window = [
+                row.slot - first for row, c in zip(rows, counts, strict=True) for _ in range(c)
+            ]
+            steps = [t + 1 for c in counts for t in range(c)]
+            slots = mx.array([store_first + r for r in window], mx.int32)
+            counts_seen = offsets[mx.array(window, mx.int32)] + mx.array(steps, mx.int32)
+        elif self._compiled is not None and max_tokens <= self._query_block:
             visible = mx.arange(span)[None, None, :] <= query_end[:, :, None]
             visible = visible[:, None, None]  # [R, 1, 1, T, S]
         dense = len(to_padded) == position - start and to_padded == list(range(start, position))
@@ -653,6 +732,8 @@ class SlotTarget:
             visible=visible,
             span=span,
             dense=dense,
+            slots=slots,
+            counts=counts_seen,
         )
 
     def _ensure_capacity(self, positions: int) -> None:
@@ -750,9 +831,11 @@ class SlotTarget:
         heads, kv_heads = attn.n_heads, attn.n_kv_heads
         repeats = heads // kv_heads
 
+        self._write_group(store, group, keys_all, values_all, kv_heads)
+        if self.attention == "kernel":
+            return self._kernel_attention(attn, queries_all, store, group)
         queries = _padded(queries_all, group, heads)
         head_dim = queries.shape[-1]
-        self._write_group(store, group, keys_all, values_all, kv_heads)
         # Read slots [first, first + R) up to L.
         window = slice(group.store_first, group.store_first + rows)
         all_keys = store.keys[window, :, :keys_len].transpose(0, 1, 3, 2)  # [R, kv, d, L]
@@ -779,6 +862,21 @@ class SlotTarget:
         attended = attended.transpose(0, 2, 1, 3)  # [R, T, heads, d]
         attended = attended.reshape(rows * tokens, heads * head_dim)
         return attended if group.dense else attended[group.to_packed]
+
+    @staticmethod
+    def _kernel_attention(
+        attn: Any, queries_all: mx.array, store: LayerKV, group: _Group
+    ) -> mx.array:
+        """A group's attention in the fused kernel, straight from the packed queries
+        ([N, heads, 1, d], roped) over the store (its new KV written): -> [tokens, H]."""
+        assert group.slots is not None and group.counts is not None
+        queries = queries_all
+        if (group.start, group.end) != (0, queries_all.shape[0]):
+            queries = queries_all[group.start : group.end]
+        queries = queries.reshape(group.end - group.start, attn.n_heads, -1)
+        return fused_attention.attend(
+            queries, store.keys, store.values, group.slots, group.counts, attn.scale
+        )
 
 
 def _return_freed_memory() -> None:

@@ -7,7 +7,9 @@ verdict before it can build the next forward, so the build is most of what a dra
 costs over a plain one on a CPU. Compiled, each layer is three calls instead of ~40 ops:
 
 - ``project``: input norm, the fused q/k/v product, RoPE -> queries, keys, values;
-- ``attend``: a group's scores, mask, softmax and ``@ [V | 1]`` over the KV store;
+- ``attend``: a group's scores, mask, softmax and ``@ [V | 1]`` over the KV store (MLX ops:
+  where the fused attention kernel, ``mtplx.attention``, serves, ``SlotTarget`` calls it
+  between ``project`` and ``finish`` instead);
 - ``finish``: o_proj, residual, post-attention norm, fused gate/up, SwiGLU, down, residual.
 
 Writing the new keys and values into the store stays outside (MLX updates the store in

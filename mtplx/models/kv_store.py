@@ -9,9 +9,11 @@ most ``SHARED_CAPACITY`` long: memory follows what runs, not the longest row tim
 count.
 
 Layout per layer: keys [S, kv_heads, L_cap, d], values [S, kv_heads, L_cap, d + 1] (the
-constant-1 feature of ``SlotTarget``'s attention), heads before positions (a window of slots
-read up to L is then, per (slot, head), a matrix whose rows are whole, which MLX's matmul
-takes as it is). Optionally each position's hidden state [S, L_cap, H] (the prefix cache).
+constant-1 feature of ``SlotTarget``'s MLX-op attention, which gets the softmax's normaliser
+from the same product; the fused kernel normalises itself and skips it), heads before
+positions (a window of slots read up to L is then, per (slot, head), a matrix whose rows are
+whole, which MLX's matmul takes as it is; the fused kernel reads a token's keys from its
+slot alone). Optionally each position's hidden state [S, L_cap, H] (the prefix cache).
 """
 
 from __future__ import annotations
