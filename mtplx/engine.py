@@ -28,6 +28,7 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
+from mtplx.drafter_registry import best_drafter
 from mtplx.drafters.factories import drafter_factories
 from mtplx.errors import InvalidParameter
 from mtplx.events import prompt_logprobs, record_cycle, token_event
@@ -117,9 +118,7 @@ class Engine:
         self.available_drafters = tuple(self._drafters)
         self.costs = self._priced(costs or DEFAULT_COSTS)
         if default_drafter is None:  # the best drafter this model has
-            default_drafter = next(
-                d for d in ("mtp+ngram", "draft_model+ngram", "ngram") if d in self._drafters
-            )
+            default_drafter = best_drafter(self.available_drafters)
         if default_drafter not in self._drafters:
             raise ValueError(
                 f"drafter {default_drafter!r} is not available for {self.model_name}; "
