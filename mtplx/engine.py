@@ -28,6 +28,8 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
+from mtplx.arrays import scalar_int
+from mtplx.cycle import CycleResult, Draft
 from mtplx.drafter_registry import best_drafter
 from mtplx.drafters.factories import drafter_factories
 from mtplx.errors import InvalidParameter
@@ -43,8 +45,6 @@ from mtplx.request import FinishEvent, GenerationRequest, GenerationStats
 from mtplx.sampling import mx_distribution_from_logits, mx_sample
 from mtplx.sequence import Event, Sequence
 from mtplx.speculative import (
-    CycleResult,
-    Draft,
     close_ahead,
     close_queued,
     commit,
@@ -482,10 +482,10 @@ class Engine:
     def _priced(self, costs: StepCosts) -> StepCosts:
         """``costs`` with the draft sources whose cycles run one step ahead here."""
         ahead = []
-        if getattr(self.batched, "trims_lazily", False):
+        if self.batched.trims_lazily:
             for name, factory in self._drafters.items():
                 drafter = factory() if "+" not in name else None  # one of each drafter
-                if getattr(drafter, "commits_lazily", False):
+                if drafter is not None and drafter.commits_lazily:
                     ahead.append(name)
         return dataclasses.replace(costs, ahead=tuple(ahead))
 
@@ -496,7 +496,7 @@ class Engine:
         model_drafter = getattr(sequence.drafter, "model_drafter", sequence.drafter)
         return (
             not self.time_drafts
-            and getattr(self.batched, "trims_lazily", False)
+            and self.batched.trims_lazily
             and commits_lazily(sequence)
             and model_drafter is not None
             and plan.source == model_drafter.name
@@ -542,7 +542,7 @@ class Engine:
             for sequence in waiting:
                 self.prefix.reuse(sequence)  # blocks other prompts have fed since
             waiting = [s for i, s in enumerate(waiting) if not self.prefix.fed_by(s, waiting[:i])]
-        chunks = []
+        chunks: list[tuple[Sequence, list[int]]] = []
         for index, sequence in enumerate(waiting):
             # Waiting prompts share the step, so a short one behind a long one starts at once.
             share = max(budget // (len(waiting) - index), 0 if chunks else 1)
@@ -647,16 +647,17 @@ class Engine:
         """Sample the token after the prompt and bring the drafter up to date (nothing to
         sample when the request only scores its prompt: ``max_tokens`` 0)."""
         if sequence.request.max_tokens == 0:
-            sequence.pending = CycleResult([], 0, 0, output.logits, 0.0, 0.0)
+            sequence.pending = CycleResult([], 0, 0, output.asked_logits(), 0.0, 0.0)
             return
         counts = None if sequence.token_counts is None else sequence.token_counts[None]
         grammar, mask = sequence.grammar, None
         if grammar is not None:
             allowed = grammar.allowed()
             mask = None if allowed is None else mx.array(allowed)[None]
-        probs = mx_distribution_from_logits(output.logits, sequence.config, counts, mask)
+        logits = output.asked_logits()
+        probs = mx_distribution_from_logits(logits, sequence.config, counts, mask)
         uniform = cycle_uniforms(sequence.seed, sequence.num_prompt_tokens, 0)
-        token = int(mx_sample(probs, uniform).item())
+        token = scalar_int(mx_sample(probs, uniform))
         committed = [token]
         if grammar is not None:
             if grammar.finished:  # a grammar that allows only the empty text
@@ -670,7 +671,7 @@ class Engine:
                 hidden = mx.concatenate(sequence.prefill_hidden, axis=0)[None]
             drafter.commit([*sequence.tokens[1:], token], hidden)
         sequence.prefill_hidden = []
-        sequence.pending = CycleResult(committed, 0, 0, output.logits, 0.0, 0.0)
+        sequence.pending = CycleResult(committed, 0, 0, logits, 0.0, 0.0)
 
     def _emit(self, sequence: Sequence) -> list[Event]:
         """Turn the row's committed tokens into events; finish it on a stop condition."""

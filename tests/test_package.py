@@ -1,5 +1,6 @@
 """The package's boundaries, checked on the source: the HTTP layer imports without MLX, the
-engine package never imports the HTTP layer, and ``import mtplx`` does no work."""
+engine package never imports the HTTP layer, ``import mtplx`` does no work, and no two
+``mtplx`` modules import each other, directly or through others."""
 
 from __future__ import annotations
 
@@ -55,6 +56,68 @@ def _imports(path: Path, name: str) -> set[str]:
             # ``from mtplx import engine`` imports the module mtplx.engine.
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
+
+
+def _graph() -> dict[str, set[str]]:
+    """mtplx module -> the mtplx modules it imports (a submodule import counts as an import of
+    its package too, since Python runs the package's ``__init__`` first)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for imported in _imports(path, name):
+            parts = imported.split(".")
+            for end in range(1, len(parts) + 1):
+                target = ".".join(parts[:end])
+                if target in modules and target != name and not name.startswith(target + "."):
+                    edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def test_no_import_cycle_among_mtplx_modules() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
 
 
 def test_the_engine_package_never_imports_the_web_stack() -> None:
