@@ -37,6 +37,7 @@ from mtplx.arrays import scalar_int
 from mtplx.cycle import CycleResult
 from mtplx.drafter_registry import best_drafter
 from mtplx.drafters.factories import drafter_factories
+from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.errors import InvalidParameter
 from mtplx.events import prompt_logprobs, record_cycle, token_event
 from mtplx.grammar import GrammarCompiler
@@ -425,8 +426,9 @@ class Engine:
             for sequence in list(group):
                 plan = batch.plans[sequence]
                 try:
-                    if (use := draft_source(sequence.drafter, plan)) is not None:
-                        sequence.drafter.use(use)  # type: ignore[union-attr]
+                    drafter = sequence.drafter
+                    if drafter is not None and (use := draft_source(drafter, plan)) is not None:
+                        drafter.use(use)
                     batch.drafts[sequence] = propose(sequence, plan.num_draft, self.vocab_size)
                 except Exception as exc:
                     group.remove(sequence)
@@ -556,13 +558,14 @@ class Engine:
         """Whether the row's drafting cycle of ``plan`` runs one step ahead: from a model
         drafter that takes lazy commits, over a target that trims lazily (not while
         calibration times proposing alone: behind a queued cycle it would time that too)."""
-        model_drafter = getattr(sequence.drafter, "model_drafter", sequence.drafter)
+        drafter = sequence.drafter
         return (
             not self.time_drafts
             and self.batched.trims_lazily
             and commits_lazily(sequence)
-            and model_drafter is not None
-            and plan.source == model_drafter.name
+            and drafter is not None
+            and plan.source != LOOKUP
+            and plan.source in drafter.sources
         )
 
     def _close_queued(self, sequence: Sequence, events: list[StepEvent]) -> None:

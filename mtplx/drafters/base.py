@@ -152,6 +152,20 @@ class Drafter(Protocol):
         ...
 
     @property
+    def sources(self) -> tuple[str, ...]:
+        """What it can draft from: n-gram lookup (``"ngram"``) and / or a model drafter's
+        name; a lookup-first drafter has both, and drafts from the one it last ``use``d."""
+        ...
+
+    def use(self, source: str) -> None:
+        """Draft the next cycle from ``source`` (one of ``sources``)."""
+        ...
+
+    def match_length(self, history: list[int]) -> int:
+        """Its n-gram lookup's match length for ``history`` (0: no match, or no lookup)."""
+        ...
+
+    @property
     def commits_lazily(self) -> bool:
         """Whether the drafter takes a cycle's commit before its verdict is read
         (``commit_lazy``, then ``settle``), so its drafting cycles can run one step ahead."""
@@ -167,6 +181,24 @@ class Drafter(Protocol):
         """The last lazy commit's verdict, read: ``num_rejected`` draft tokens were not
         accepted."""
         ...
+
+
+class OneSource:
+    """The draft sources of a drafter that drafts from one source, its ``name``; the match
+    length is a lookup's (0 here: a model drafter does not look up)."""
+
+    name: str
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def use(self, source: str) -> None:
+        if source != self.name:
+            raise ValueError(f"unknown draft source {source!r}; sources: {self.sources}")
+
+    def match_length(self, history: list[int]) -> int:
+        return 0
 
 
 class CommitsEagerly:

@@ -14,11 +14,11 @@ from typing import Any
 import mlx.core as mx
 
 from mtplx import cache as cache_ops
-from mtplx.drafters.base import DraftSampler
+from mtplx.drafters.base import DraftSampler, OneSource
 from mtplx.models.base import LoadedModel, MTPHead
 
 
-class MTPDrafter:
+class MTPDrafter(OneSource):
     """Drafts with ``model.mtp_heads[0]``, recursively for depth > 1."""
 
     name = "mtp"
