@@ -90,6 +90,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--speed-only", action="store_true", help="skip the output comparison")
+    parser.add_argument("--drafters", nargs="*", help="compare these only (default: all)")
     args = parser.parse_args()
 
     from mtplx.engine import Engine as NewEngine
@@ -105,7 +106,8 @@ def main() -> int:
     }
     tokenizer = model.tokenizer
     same = True
-    for drafter in () if args.speed_only else engines["new"].available_drafters:
+    drafters = args.drafters or engines["new"].available_drafters
+    for drafter in () if args.speed_only else drafters:
         for seeded in (False, True):
             for count in (1, 16):
                 reqs = requests_for(tokenizer, drafter, seeded, count, args.tokens)
