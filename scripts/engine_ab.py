@@ -119,8 +119,11 @@ def main() -> int:
 
     default = engines["new"].default_drafter
     best = {"old": float("inf"), "new": float("inf")}
-    for _ in range(args.rounds):
-        for side, engine in engines.items():
+    for round_ in range(args.rounds):
+        # Turn about, each side first every other round: the one that runs second inherits
+        # the first's allocator and cache state.
+        for side in ("old", "new") if round_ % 2 == 0 else ("new", "old"):
+            engine = engines[side]
             reqs = requests_for(tokenizer, default, False, 1, args.tokens * 2)
             started = time.process_time()
             tokens = run_batch(engine, reqs)
