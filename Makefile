@@ -71,9 +71,12 @@ bench: $(STAMP)
 install-llamacpp: $(STAMP)
 	CMAKE_ARGS="-DLLAMA_CURL=OFF" $(BIN)/python -m pip install llama-cpp-python==0.3.36
 
+# Ruff over everything; mypy over the engine, the models and the drafters (the files and
+# settings are in pyproject.toml, [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check mtplx server tests
 	$(BIN)/ruff format --check mtplx server tests
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix mtplx server tests

@@ -43,7 +43,8 @@ class CacheCheckpoint:
 
 def checkpoint(cache: list[Any]) -> CacheCheckpoint:
     """Remember where ``cache`` is now, to roll back to after a speculative forward."""
-    offsets, states = [], []
+    offsets: list[int | None] = []
+    states: list[Any] = []
     for layer in cache:
         if layer.is_trimmable():
             offsets.append(layer.size())

@@ -30,7 +30,7 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
 
@@ -42,10 +42,35 @@ from mtplx.request import GenerationRequest
 from mtplx.sampling import SamplerConfig
 
 if TYPE_CHECKING:
-    from mtplx.engine import Engine
+    from mtplx.models.base import LoadedModel
+    from mtplx.models.rows import BatchedTarget
     from mtplx.sequence import Sequence
 
 logger = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    """What calibration drives: the parts of ``mtplx.engine.Engine`` it uses, declared here so
+    that this module does not import the engine (which imports it to warm up)."""
+
+    model: LoadedModel
+    batched: BatchedTarget
+    model_name: str
+    vocab_size: int
+    context_length: int
+    max_num_seqs: int
+    max_adaptive_depth: int
+    available_drafters: tuple[str, ...]
+    running: list[Sequence]
+    time_drafts: bool
+    last_draft_seconds: float
+
+    def add(self, request: GenerationRequest, tag: object = None) -> Sequence: ...
+
+    def abort(self, sequence: Sequence) -> None: ...
+
+    def step(self) -> list[tuple[Sequence, Any]]: ...
+
 
 CALIBRATION_VERSION = 2  # bump when what is measured changes
 BATCH_SIZES = (1, 4, 8, 16)

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from mtplx import serve as serve_commands
+from mtplx import commands as run_commands
 from mtplx.bench import cli as bench_commands
 from mtplx.bench import prefix_bench
 from mtplx.file_limits import import_mlx_lm
@@ -30,8 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``mtplx`` command."""
     parser = argparse.ArgumentParser(prog="mtplx", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    serve_commands.add_serve_parser(commands)
-    serve_commands.add_generate_parser(commands)
+    run_commands.add_serve_parser(commands)
+    run_commands.add_generate_parser(commands)
     bench_commands.add_bench_parser(commands)
     bench_commands.add_bench_serve_parser(commands)
     prefix_bench.add_parser(commands)
@@ -71,9 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         print(convert_gguf(args.src, args.dst, dequantize=not args.keep_quantized))
         return 0
     if args.command == "serve":
-        return serve_commands.serve(args)
+        # The one import of the HTTP side from this package: the command line is where
+        # the engine and the server are put together (tests/test_package.py allows it here).
+        from server.main import serve
+
+        return serve(args)
     if args.command == "generate":
-        return serve_commands.generate(args)
+        return run_commands.generate(args)
     if args.command == "bench":
         return bench_commands.bench(args, argv)
     if args.command == "bench-serve" and args.compare_plain:

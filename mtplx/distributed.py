@@ -1,7 +1,7 @@
 """One model across processes or hosts: pipeline parallelism over ``mx.distributed``.
 
 Started by ``mlx.launch`` (``mtplx serve --distributed``), every rank loads the same
-checkpoint and keeps a contiguous range of the trunk's decoder layers (``stage_layers``).
+checkpoint and keeps a contiguous range of the trunk's decoder layers (``mtplx.models.stages``).
 Rank 0 runs the HTTP server and the engine's step loop; the other ranks are workers that
 follow it (``PipelineWorker.run``).
 
@@ -62,27 +62,6 @@ ROW_FIELDS = 4  # slot, committed length, tokens fed, 1 if its KV has a store of
 
 class PipelineLost(RuntimeError):
     """A rank of the pipeline died or stopped answering: no forward can complete."""
-
-
-def stage_layers(num_layers: int, num_ranks: int) -> list[range]:
-    """Contiguous layer ranges, one per rank, as even as possible; the remainder goes to
-    the last ranks (rank 0 also runs the embedding, LM head, sampling and drafting)."""
-    if num_ranks < 1 or num_layers < num_ranks:
-        raise ValueError(f"cannot split {num_layers} layers over {num_ranks} ranks")
-    base, extra = divmod(num_layers, num_ranks)
-    sizes = [base + (rank >= num_ranks - extra) for rank in range(num_ranks)]
-    starts = [sum(sizes[:rank]) for rank in range(num_ranks)]
-    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
-
-
-def keep_stage(trunk: Any, rank: int, num_ranks: int) -> range:
-    """Drop every decoder layer of ``trunk`` (a ``mtplx.models.target.Trunk``) outside this
-    rank's stage, before its weights are evaluated (a lazily loaded model never reads
-    them). Returns the stage's layer range."""
-    layers = list(trunk.inner.layers)
-    kept = stage_layers(len(layers), num_ranks)[rank]
-    trunk.inner.layers = layers[kept.start : kept.stop]
-    return kept
 
 
 def check_pipeline_model(target: Any) -> None:

@@ -2,14 +2,19 @@
 
 ``add`` puts a request into the running batch; ``step`` advances every sequence by one
 cycle with one batched target forward and returns the events it produced; ``abort`` drops
-a sequence. One step (``step``), nano-vllm style:
+a sequence. One step (``step``):
 
-    prefill   admitted prompts, in fixed chunks, under a per-step token budget
-    plan      per decoding row: draft source and depth (mtplx.planner)
-    draft     per drafting row: its drafter proposes (mtplx.speculative.propose)
-    forward   ONE target forward over every row's [last, d1..dk] (or its queued token)
-    accept    per row: the exact rule (verify), then commit / roll back by its own length
-    emit      per row: token events, stop rules, finish; finished rows leave the batch
+    plan         per decoding row: draft source and depth (mtplx.planner)
+    schedule     sort the rows: plain, drafting (verified now), drafting one step ahead;
+                 a row whose in-flight cycle the plan cannot build on settles it first
+                 (``_schedule`` -> ``StepBatch``, mtplx.step)
+    run          the drafters propose; ONE target forward over every row's [last, d1..dk]
+                 (or its queued token) and the prompt chunks that fit the step's token
+                 budget; the exact rule (verify), lazily for the rows run ahead
+                 (``_propose``, ``_inputs``, ``_execute`` -> ``StepResults``)
+    postprocess  commit / roll back each verdict, account prompt chunks, put the queued
+                 work in place (``_postprocess``)
+    emit         per row: token events, stop rules, finish; finished rows leave the batch
 
 Plain rows and MTP drafting rows run one step ahead: their forward is queued before the
 previous one's result is read (``mtplx.speculative``), so building a step's graph overlaps
@@ -28,7 +33,11 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
+from mtplx.arrays import scalar_int
+from mtplx.cycle import CycleResult
+from mtplx.drafter_registry import best_drafter
 from mtplx.drafters.factories import drafter_factories
+from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.errors import InvalidParameter
 from mtplx.events import prompt_logprobs, record_cycle, token_event
 from mtplx.grammar import GrammarCompiler
@@ -42,8 +51,6 @@ from mtplx.request import FinishEvent, GenerationRequest, GenerationStats
 from mtplx.sampling import mx_distribution_from_logits, mx_sample
 from mtplx.sequence import Event, Sequence
 from mtplx.speculative import (
-    CycleResult,
-    Draft,
     close_ahead,
     close_queued,
     commit,
@@ -56,15 +63,16 @@ from mtplx.speculative import (
     queue_plain_rows,
     verify,
 )
+from mtplx.step import StepBatch, StepResults
 
 logger = logging.getLogger(__name__)
 
-# Until calibration measures this machine: a plain step of B rows costs ~1 + B/8 of one
-# row's, a verified token per row a third of a row's plain step.
 # Beside decoding streams, a step's tokens in all (decoding and prompt) stay within this many
 # even where the target takes more rows a forward (``max_packed_rows``; a prompt alone then
 # feeds more): the float32 invariant kernel's rows, which the streams' gaps were sized on.
 BESIDE_STREAMS_TOKENS = 128
+# Until calibration measures this machine: a plain step of B rows costs ~1 + B/8 of one
+# row's, a verified token per row a third of a row's plain step.
 DEFAULT_COSTS = StepCosts([1, 8, 16], [0.06, 0.12, 0.17], [0.02, 0.06, 0.1], [0.01, 0.01, 0.01])
 
 StepEvent = tuple[Sequence, Event | BaseException]
@@ -112,24 +120,8 @@ class Engine:
         self.prefill_chunk_size = prefill_chunk_size
         self.prefill_budget = max(prefill_budget, prefill_chunk_size)
         self.calibrated = costs is not None
-        if draft_model is not None and draft_model.vocab_size != self.vocab_size:
-            raise ValueError(
-                f"draft model vocabulary ({draft_model.vocab_size}) differs from the "
-                f"target's ({self.vocab_size})"
-            )
-        self._drafters = drafter_factories(model, draft_model)
-        self.available_drafters = tuple(self._drafters)
+        self._set_up_drafters(model, draft_model, default_drafter)
         self.costs = self._priced(costs or DEFAULT_COSTS)
-        if default_drafter is None:  # the best drafter this model has
-            default_drafter = next(
-                d for d in ("mtp+ngram", "draft_model+ngram", "ngram") if d in self._drafters
-            )
-        if default_drafter not in self._drafters:
-            raise ValueError(
-                f"drafter {default_drafter!r} is not available for {self.model_name}; "
-                f"available: {', '.join(self.available_drafters)}"
-            )
-        self.default_drafter = default_drafter
         self.default_depth = default_depth
         self.eos_token_ids = set(model.eos_token_ids) | set(
             getattr(self.tokenizer, "eos_token_ids", set()) or set()
@@ -145,6 +137,26 @@ class Engine:
         # Calibration times proposing on its own (``time_drafts``): the last step's, all rows.
         self.time_drafts = False
         self.last_draft_seconds = 0.0
+
+    def _set_up_drafters(
+        self, model: LoadedModel, draft_model: TargetModel | None, default: str | None
+    ) -> None:
+        """The drafters this model offers, and the default one (None: the best it has)."""
+        if draft_model is not None and draft_model.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"draft model vocabulary ({draft_model.vocab_size}) differs from the "
+                f"target's ({self.vocab_size})"
+            )
+        self._drafters = drafter_factories(model, draft_model)
+        self.available_drafters = tuple(self._drafters)
+        if default is None:
+            default = best_drafter(self.available_drafters)
+        if default not in self._drafters:
+            raise ValueError(
+                f"drafter {default!r} is not available for {self.model_name}; "
+                f"available: {', '.join(self.available_drafters)}"
+            )
+        self.default_drafter = default
 
     # -- requests -----------------------------------------------------------------------
 
@@ -357,8 +369,24 @@ class Engine:
         )
 
     def _run(self, plans: dict[Sequence, Plan], events: list[StepEvent]) -> None:
-        """Draft, run the batch's one forward, accept and commit, for the planned rows."""
-        plain, drafting, ahead = [], [], []
+        """One forward for the planned rows and the prompt chunks that ride along: the three
+        phases of a step, with plain data between them."""
+        batch = self._schedule(plans, events)
+        self._propose(batch, events)
+        inputs = self._inputs(batch)
+        if not batch.rows:
+            return
+        results = self._execute(batch, inputs, events)
+        if results is not None:
+            self._postprocess(batch, results, events)
+
+    # -- schedule: which rows decode, draft (now or one step ahead), which chunks ride along
+
+    def _schedule(self, plans: dict[Sequence, Plan], events: list[StepEvent]) -> StepBatch:
+        """Sort the planned rows by how this step runs them. A row with a cycle in flight
+        that this plan cannot build on settles it first (reads its verdict or its draw) and
+        feeds nothing this step."""
+        batch = StepBatch(plans)
         for sequence, plan in plans.items():
             pipelined = plan.num_draft > 0 and self._pipelines(sequence, plan)
             if sequence.queued is not None and not pipelined:
@@ -370,116 +398,152 @@ class Engine:
                 sequence.planned = plan
             elif plan.num_draft == 0 and not sequence.config.has_penalties and not sequence.grammar:
                 # Not with a grammar either: the mask needs the previous token read first.
-                plain.append(sequence)
+                batch.plain.append(sequence)
             elif pipelined:
-                ahead.append(sequence)
+                batch.ahead.append(sequence)
             else:
-                drafting.append(sequence)
-        drafts: dict[Sequence, Draft] = {}
+                batch.drafting.append(sequence)
+        return batch
+
+    def _inputs(self, batch: StepBatch) -> list[mx.array]:
+        """Every row's tokens for the forward, in ``batch.rows`` order; schedules the prompt
+        chunks into what the decoding rows leave of the step's token budget."""
+        inputs = [plain_input(s) for s in batch.plain]
+        for sequence in batch.drafting:
+            draft = batch.drafts[sequence]
+            if self.batched.recurrent and draft.num_drafted:
+                draft.checkpoint = self.batched.checkpoint(sequence.row)
+            inputs.append(draft.inputs(sequence.tokens[-1]))
+        inputs += [batch.drafts[s].inputs(last_committed(s)) for s in batch.ahead]
+        num_decode_tokens = sum(int(t.shape[0]) for t in inputs)
+        batch.chunks = self._prefill_chunks(num_decode_tokens, idle=not batch.plans)
+        return inputs + [mx.array(chunk, mx.int32) for _, chunk in batch.chunks]
+
+    # -- run: the drafters, the one target forward, the acceptance rule ---------------------
+
+    def _propose(self, batch: StepBatch, events: list[StepEvent]) -> None:
+        """Every drafting row's drafter proposes (left lazy; evaluated ahead of the forward
+        where that does not stall behind a queued cycle)."""
         draft_started = time.perf_counter()
         self.last_draft_seconds = 0.0
-        for group in (drafting, ahead):
+        for group in (batch.drafting, batch.ahead):
             for sequence in list(group):
+                plan = batch.plans[sequence]
                 try:
-                    if (use := draft_source(sequence.drafter, plans[sequence])) is not None:
-                        sequence.drafter.use(use)  # type: ignore[union-attr]
-                    drafts[sequence] = propose(sequence, plans[sequence].num_draft, self.vocab_size)
+                    drafter = sequence.drafter
+                    if drafter is not None and (use := draft_source(drafter, plan)) is not None:
+                        drafter.use(use)
+                    batch.drafts[sequence] = propose(sequence, plan.num_draft, self.vocab_size)
                 except Exception as exc:
                     group.remove(sequence)
                     self._fail(sequence, exc, events)
-        if drafts:
-            proposals = [(d.tokens, d.qs) for d in drafts.values()]
+        if batch.drafts:
+            proposals = [(d.tokens, d.qs) for d in batch.drafts.values()]
             if self.time_drafts:
                 mx.eval(proposals)
                 self.last_draft_seconds = time.perf_counter() - draft_started
-            elif not any(s.queued is not None for s in ahead):
+            elif not any(s.queued is not None for s in batch.ahead):
                 # The drafters compute while the forward's graph is built on top of them. Not
                 # behind a queued cycle: MLX lets the host run only ~100 kernel dispatches
                 # ahead, so evaluating now would wait for that cycle to all but finish.
                 mx.async_eval(proposals)
-        started = time.perf_counter()
-        inputs = [plain_input(s) for s in plain]
-        for sequence in drafting:
-            draft = drafts[sequence]
-            if self.batched.recurrent and draft.num_drafted:
-                draft.checkpoint = self.batched.checkpoint(sequence.row)
-            inputs.append(draft.inputs(sequence.tokens[-1]))
-        inputs += [drafts[sequence].inputs(last_committed(sequence)) for sequence in ahead]
-        chunks = self._prefill_chunks(sum(int(t.shape[0]) for t in inputs), idle=not plans)
-        rows = plain + drafting + ahead + [sequence for sequence, _ in chunks]
-        if not rows:
-            return
-        inputs += [mx.array(chunk, mx.int32) for _, chunk in chunks]
-        wanted = ["all"] * (len(plain) + len(drafting) + len(ahead)) + [
-            _chunk_logits(s, len(chunk)) for s, chunk in chunks
+        batch.started = time.perf_counter()
+
+    def _execute(
+        self, batch: StepBatch, inputs: list[mx.array], events: list[StepEvent]
+    ) -> StepResults | None:
+        """The batch's one forward; plain rows' draws and run-ahead cycles queued lazily,
+        this step's verdicts evaluated. None: the forward failed, and every row in it."""
+        wanted = ["all"] * batch.num_decoding + [
+            _chunk_logits(s, len(chunk)) for s, chunk in batch.chunks
         ]
         try:
-            outputs = self.batched.forward([s.row for s in rows], inputs, wanted)
-            queued = dict(zip(plain, queue_plain_rows(plain, outputs[: len(plain)]), strict=True))
-            num_decoding = len(plain) + len(drafting)
-            queued_drafts = {
-                sequence: queue_draft(
-                    self.batched,
-                    sequence,
-                    drafts[sequence],
-                    output,
-                    plans[sequence].source,
-                    started,
-                )
-                for sequence, output in zip(
-                    ahead, outputs[num_decoding : num_decoding + len(ahead)], strict=True
-                )
-            }
-            mx.async_eval(
-                [(a.logits, a.hidden, a.sample) for a in queued.values()],
-                [
-                    (q.output.hidden, q.num_accepted, q.output_tokens)
-                    for q in queued_drafts.values()
-                ],
-                self.batched.unevaluated() if queued_drafts else [],
-            )
-            verdicts = {}
-            decoded = outputs[len(plain) : num_decoding]
-            if any(s.grammar is not None for s in drafting):
+            outputs = self.batched.forward([s.row for s in batch.rows], inputs, wanted)
+            results = self._queue_ahead(batch, outputs)
+            decoded = outputs[len(batch.plain) : len(batch.plain) + len(batch.drafting)]
+            if any(s.grammar is not None for s in batch.drafting):
                 # Compute the forward while verify works out the grammar masks on the CPU.
                 mx.async_eval([output.logits for output in decoded])
-            for sequence, output in zip(drafting, decoded, strict=True):
-                verdicts[sequence] = (output, *verify(sequence, drafts[sequence], output))
-            prefilled = outputs[num_decoding + len(ahead) :]
-            if verdicts or prefilled:
+            for sequence, output in zip(batch.drafting, decoded, strict=True):
+                verdict = verify(sequence, batch.drafts[sequence], output)
+                results.verdicts[sequence] = (output, *verdict)
+            results.prefilled = outputs[batch.num_decoding :]
+            if results.verdicts or results.prefilled:
                 mx.eval(
-                    [(out.hidden, accepted, tokens) for out, accepted, tokens in verdicts.values()],
-                    [(out.hidden, out.logits) for out in prefilled],
+                    [
+                        (o.hidden, accepted, tokens)
+                        for o, accepted, tokens in results.verdicts.values()
+                    ],
+                    [(out.hidden, out.logits) for out in results.prefilled],
                     self.batched.unevaluated(),
                 )
         except Exception as exc:  # the shared forward failed: every row in it fails
-            for sequence in rows:
+            for sequence in batch.rows:
                 self._fail(sequence, exc, events)
-            return
-        verify_time = time.perf_counter() - started
-        for (sequence, chunk), output in zip(chunks, prefilled, strict=True):
+            return None
+        results.verify_time = time.perf_counter() - batch.started
+        return results
+
+    def _queue_ahead(self, batch: StepBatch, outputs: list[RowOutput]) -> StepResults:
+        """Queue the plain rows' next draws and the run-ahead drafting cycles' verdicts on
+        this forward, without reading them (they are read in the next step)."""
+        plain = batch.plain
+        queued = dict(zip(plain, queue_plain_rows(plain, outputs[: len(plain)]), strict=True))
+        start = len(plain) + len(batch.drafting)
+        queued_drafts = {
+            sequence: queue_draft(
+                self.batched,
+                sequence,
+                batch.drafts[sequence],
+                output,
+                batch.plans[sequence].source,
+                batch.started,
+            )
+            for sequence, output in zip(
+                batch.ahead, outputs[start : start + len(batch.ahead)], strict=True
+            )
+        }
+        mx.async_eval(
+            [(a.logits, a.hidden, a.sample) for a in queued.values()],
+            [(q.output.hidden, q.num_accepted, q.output_tokens) for q in queued_drafts.values()],
+            self.batched.unevaluated() if queued_drafts else [],
+        )
+        return StepResults(queued, queued_drafts)
+
+    # -- postprocess: commit, roll back, hand on what runs ahead ---------------------------
+
+    def _postprocess(self, batch: StepBatch, results: StepResults, events: list[StepEvent]) -> None:
+        """Account the prompt chunks, commit this step's verdicts (rolling rows back past
+        rejected drafts), and put the queued work in place, settling what it replaces."""
+        for (sequence, chunk), output in zip(batch.chunks, results.prefilled, strict=True):
             try:
-                self._prefilled_chunk(sequence, len(chunk), output, verify_time)
+                self._prefilled_chunk(sequence, len(chunk), output, results.verify_time)
             except Exception as exc:
                 self._fail(sequence, exc, events)
-        for sequence, (output, accepted, tokens) in verdicts.items():
+        for sequence, (output, accepted, tokens) in results.verdicts.items():
             try:
                 result = commit(
-                    self.batched, sequence, drafts[sequence], output, accepted, tokens, verify_time
+                    self.batched,
+                    sequence,
+                    batch.drafts[sequence],
+                    output,
+                    accepted,
+                    tokens,
+                    results.verify_time,
                 )
             except Exception as exc:
                 self._fail(sequence, exc, events)
                 continue
-            plan = plans[sequence]
+            plan = batch.plans[sequence]
             if plan.source in sequence.policies and plan.num_draft > 0:
                 sequence.policies[plan.source].update(result.num_drafted, result.num_accepted)
             sequence.pending = result
             record_cycle(sequence.stats, result)
-        for sequence, plain_ahead in queued.items():
+        for sequence, plain_ahead in results.queued.items():
             if sequence.ahead is not None:
-                self._close_ahead(sequence, events, started)
+                self._close_ahead(sequence, events, batch.started)
             sequence.ahead = plain_ahead
-        for sequence, queued_draft in queued_drafts.items():
+        for sequence, queued_draft in results.queued_drafts.items():
             if sequence.queued is not None:
                 self._close_queued(sequence, events)
             sequence.queued = queued_draft
@@ -487,10 +551,10 @@ class Engine:
     def _priced(self, costs: StepCosts) -> StepCosts:
         """``costs`` with the draft sources whose cycles run one step ahead here."""
         ahead = []
-        if getattr(self.batched, "trims_lazily", False):
+        if self.batched.trims_lazily:
             for name, factory in self._drafters.items():
                 drafter = factory() if "+" not in name else None  # one of each drafter
-                if getattr(drafter, "commits_lazily", False):
+                if drafter is not None and drafter.commits_lazily:
                     ahead.append(name)
         return dataclasses.replace(costs, ahead=tuple(ahead))
 
@@ -498,13 +562,14 @@ class Engine:
         """Whether the row's drafting cycle of ``plan`` runs one step ahead: from a model
         drafter that takes lazy commits, over a target that trims lazily (not while
         calibration times proposing alone: behind a queued cycle it would time that too)."""
-        model_drafter = getattr(sequence.drafter, "model_drafter", sequence.drafter)
+        drafter = sequence.drafter
         return (
             not self.time_drafts
-            and getattr(self.batched, "trims_lazily", False)
+            and self.batched.trims_lazily
             and commits_lazily(sequence)
-            and model_drafter is not None
-            and plan.source == model_drafter.name
+            and drafter is not None
+            and plan.source != LOOKUP
+            and plan.source in drafter.sources
         )
 
     def _close_queued(self, sequence: Sequence, events: list[StepEvent]) -> None:
@@ -553,7 +618,7 @@ class Engine:
             for sequence in waiting:
                 self.prefix.reuse(sequence)  # blocks other prompts have fed since
             waiting = [s for i, s in enumerate(waiting) if not self.prefix.fed_by(s, waiting[:i])]
-        chunks = []
+        chunks: list[tuple[Sequence, list[int]]] = []
         for index, sequence in enumerate(waiting):
             # Waiting prompts share the step, so a short one behind a long one starts at once.
             share = max(budget // (len(waiting) - index), 0 if chunks else 1)
@@ -658,16 +723,17 @@ class Engine:
         """Sample the token after the prompt and bring the drafter up to date (nothing to
         sample when the request only scores its prompt: ``max_tokens`` 0)."""
         if sequence.request.max_tokens == 0:
-            sequence.pending = CycleResult([], 0, 0, output.logits, 0.0, 0.0)
+            sequence.pending = CycleResult([], 0, 0, output.asked_logits(), 0.0, 0.0)
             return
         counts = None if sequence.token_counts is None else sequence.token_counts[None]
         grammar, mask = sequence.grammar, None
         if grammar is not None:
             allowed = grammar.allowed()
             mask = None if allowed is None else mx.array(allowed)[None]
-        probs = mx_distribution_from_logits(output.logits, sequence.config, counts, mask)
+        logits = output.asked_logits()
+        probs = mx_distribution_from_logits(logits, sequence.config, counts, mask)
         uniform = cycle_uniforms(sequence.seed, sequence.num_prompt_tokens, 0)
-        token = int(mx_sample(probs, uniform).item())
+        token = scalar_int(mx_sample(probs, uniform))
         committed = [token]
         if grammar is not None:
             if grammar.finished:  # a grammar that allows only the empty text
@@ -681,7 +747,7 @@ class Engine:
                 hidden = mx.concatenate(sequence.prefill_hidden, axis=0)[None]
             drafter.commit([*sequence.tokens[1:], token], hidden)
         sequence.prefill_hidden = []
-        sequence.pending = CycleResult(committed, 0, 0, output.logits, 0.0, 0.0)
+        sequence.pending = CycleResult(committed, 0, 0, logits, 0.0, 0.0)
 
     def _emit(self, sequence: Sequence) -> list[Event]:
         """Turn the row's committed tokens into events; finish it on a stop condition."""

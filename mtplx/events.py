@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from mtplx.arrays import float_list, float_rows, int_list, int_rows, scalar_float
+from mtplx.cycle import CycleResult
 from mtplx.request import GenerationStats, PromptLogprob, TokenEvent
-from mtplx.speculative import CycleResult
 
 
 def token_event(
@@ -20,9 +21,9 @@ def token_event(
     top: tuple[tuple[int, float], ...] = ()
     if logprobs > 0:
         top_ids = mx.argpartition(-log_probs, kth=logprobs - 1)[:logprobs]
-        pairs = zip(top_ids.tolist(), log_probs[top_ids].tolist(), strict=True)
+        pairs = zip(int_list(top_ids), float_list(log_probs[top_ids]), strict=True)
         top = tuple(sorted(pairs, key=lambda pair: -pair[1]))
-    return TokenEvent(token, text, drafted, float(log_probs[token].item()), top)
+    return TokenEvent(token, text, drafted, scalar_float(log_probs[token]), top)
 
 
 def prompt_logprobs(
@@ -40,18 +41,19 @@ def prompt_logprobs(
     log_probs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # [num, V]
     targets = mx.array(tokens[start + 1 : start + 1 + num], mx.int32)
     chosen = mx.take_along_axis(log_probs, targets[:, None], axis=-1)  # [num, 1]
-    ranks = (mx.sum(log_probs > chosen, axis=-1) + 1).tolist()
-    chosen = chosen[:, 0].tolist()
+    ranks = int_list(mx.sum(log_probs > chosen, axis=-1) + 1)
+    chosen_logprobs = float_list(chosen[:, 0])
     tops: list[tuple[tuple[int, float], ...]] = [()] * num
     if num_top > 0:
         top_ids = mx.argpartition(-log_probs, kth=num_top - 1, axis=-1)[:, :num_top]
         top_values = mx.take_along_axis(log_probs, top_ids, axis=-1)
         tops = [
             tuple(sorted(zip(ids, values, strict=True), key=lambda pair: -pair[1]))
-            for ids, values in zip(top_ids.tolist(), top_values.tolist(), strict=True)
+            for ids, values in zip(int_rows(top_ids), float_rows(top_values), strict=True)
         ]
     scored += [
-        PromptLogprob(tokens[start + 1 + i], chosen[i], ranks[i], tops[i]) for i in range(num)
+        PromptLogprob(tokens[start + 1 + i], chosen_logprobs[i], ranks[i], tops[i])
+        for i in range(num)
     ]
     return scored
 

@@ -114,7 +114,9 @@ def schema_words(schema: Any) -> list[str]:
         elif isinstance(node, dict):
             names = node.get("properties")
             if isinstance(names, dict):
-                needed = node.get("required") if isinstance(node.get("required"), list) else []
+                needed = node.get("required")
+                if not isinstance(needed, list):
+                    needed = []
                 required += [n for n in needed if isinstance(n, str)]
                 other += [n for n in names if isinstance(n, str)]
             stack.extend(v for v in node.values() if isinstance(v, (dict, list)))

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from mtplx.depth_policy import AdaptiveDepth
-from mtplx.drafters import Drafter, LookupFirstDrafter, NgramDrafter
+from mtplx.drafters import Drafter
 from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.drafters.ngram import LONG_MATCH
 
@@ -123,11 +123,15 @@ def sources(drafter: Drafter | None) -> tuple[str, ...]:
     length (see ``plan_cycle``)."""
     if drafter is None:
         return ()
-    if isinstance(drafter, LookupFirstDrafter):
-        return (LOOKUP, LONG_LOOKUP, drafter.model_drafter.name)
-    if isinstance(drafter, NgramDrafter):
-        return (LOOKUP, LONG_LOOKUP)
-    return (drafter.name,)
+    keys: tuple[str, ...] = ()
+    for source in drafter.sources:
+        keys += (LOOKUP, LONG_LOOKUP) if source == LOOKUP else (source,)
+    return keys
+
+
+def _model_source(drafter: Drafter) -> str | None:
+    """The model drafter a drafter drafts with when it does not look up (None: only lookup)."""
+    return next((source for source in drafter.sources if source != LOOKUP), None)
 
 
 def _cost_source(source: str) -> str:
@@ -176,21 +180,17 @@ def plan_cycle(
         best = max(range(max_depth + 1), key=gains.__getitem__)
         return best if best > 0 else policy.probe(max_depth)
 
-    lookup = drafter.lookup if isinstance(drafter, LookupFirstDrafter) else drafter
-    if isinstance(lookup, NgramDrafter) and (match := lookup.match_length(history)):
+    if LOOKUP in drafter.sources and (match := drafter.match_length(history)):
         source = LONG_LOOKUP if match >= LONG_MATCH else LOOKUP
         if (num_draft := depth_for(source)) > 0:
             return Plan(source, num_draft)
-    if isinstance(drafter, NgramDrafter):
-        return Plan(None, 0)
-    if isinstance(drafter, LookupFirstDrafter):
-        name = drafter.model_drafter.name
-        return Plan(name, depth_for(name))
-    return Plan(drafter.name, depth_for(drafter.name))
+    model = _model_source(drafter)
+    return Plan(None, 0) if model is None else Plan(model, depth_for(model))
 
 
 def draft_source(drafter: Drafter | None, plan: Plan) -> str | None:
-    """The drafter source a lookup-first drafter must ``use`` for ``plan``."""
-    if not isinstance(drafter, LookupFirstDrafter) or plan.num_draft == 0:
+    """The draft source a drafter of several sources (lookup-first) must ``use`` for
+    ``plan``; None when it has one source or the plan drafts nothing."""
+    if drafter is None or len(drafter.sources) < 2 or plan.num_draft == 0:
         return None
-    return LOOKUP if plan.source in (LOOKUP, LONG_LOOKUP) else drafter.model_drafter.name
+    return LOOKUP if plan.source in (LOOKUP, LONG_LOOKUP) else _model_source(drafter)

@@ -15,7 +15,7 @@ import logging
 import mlx.core as mx
 
 from mtplx.models.batched import BatchedTarget, SlotTarget
-from mtplx.prefix_cache import BLOCK_SIZE, PrefixCache
+from mtplx.prefix_cache import BLOCK_SIZE, BlockState, PrefixCache
 from mtplx.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ class PrefixReuse:
         caches cannot be saved: a warning says why)."""
         if max_bytes <= 0:
             return None
-        if not getattr(target, "saves_blocks", False):
+        if not target.saves_blocks:
             logger.warning("no prefix cache for %s: its layer caches cannot be saved", name)
             return None
         if not isinstance(target, SlotTarget) and prefill_chunk_size % BLOCK_SIZE:
@@ -77,7 +77,7 @@ class PrefixReuse:
         new = blocks[sequence.num_prefilled // size : usable]
         if not new:
             return
-        hidden = self.target.load_blocks(sequence.row, [block.state for block in new])  # type: ignore[attr-defined]
+        hidden = self.target.load_blocks(sequence.row, [block.state for block in new])
         if sequence.drafter is not None and sequence.drafter.needs_hidden:
             sequence.prefill_hidden.append(hidden)
         sequence.num_prefilled += len(new) * size
@@ -108,11 +108,11 @@ class PrefixReuse:
         states; blocks outside it that are not cached any more are not saved again."""
         row = sequence.row
 
-        def save(start: int, end: int) -> object:
+        def save(start: int, end: int) -> BlockState | None:
             hidden = None
             if chunk is not None and start >= chunk[0]:
                 hidden = chunk[1][start - chunk[0] : end - chunk[0]]
-            return self.target.save_block(row, start, end, hidden)  # type: ignore[attr-defined]
+            return self.target.save_block(row, start, end, hidden)
 
         try:
             self.cache.insert(sequence.tokens, min(num_tokens, len(sequence.tokens)), save)

@@ -24,16 +24,13 @@ both, and tokens are drawn by inverse CDF over a sequential float32 cumulative s
 
 from __future__ import annotations
 
-import math
-import types
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
 from mtplx.errors import InvalidParameter
+from mtplx.request import SamplerConfig
 
 __all__ = [
     "SamplerConfig",
@@ -53,117 +50,6 @@ __all__ = [
     "verify_draft_tokens_reference",
     "verify_one_token",
 ]
-
-# OpenAI's documented ranges; a value outside them is a client error, not something to clamp.
-_PENALTY_RANGE = (-2.0, 2.0)
-_LOGIT_BIAS_RANGE = (-100.0, 100.0)
-# Below this temperature, logits / T overflows float32 (the MLX path's dtype): NaN
-# probabilities. softmax(logits / T) is already the argmax there, so it samples greedily.
-_GREEDY_BELOW = 1e-30
-
-
-def _check_finite(name: str, value: Any, param: str | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidParameter(param or name, f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise InvalidParameter(param or name, f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class SamplerConfig:
-    """How one request samples. Validated on construction; errors name the field.
-
-    Defaults match the OpenAI API: temperature 1, top_p 1, every other filter and penalty off.
-    ``temperature == 0`` means greedy (argmax, ties to the lowest token id), as does a
-    temperature below 1e-30 (it becomes 0).
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: Mapping[int, float] = field(default_factory=dict)
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        temperature = _check_finite("temperature", self.temperature)
-        if temperature < 0:
-            raise InvalidParameter("temperature", f"temperature must be >= 0, got {temperature}")
-        if temperature < _GREEDY_BELOW:
-            temperature = 0.0
-        top_p = _check_finite("top_p", self.top_p)
-        if not 0.0 < top_p <= 1.0:
-            raise InvalidParameter("top_p", f"top_p must be in (0, 1], got {top_p}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InvalidParameter(
-                "top_k", f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}"
-            )
-        min_p = _check_finite("min_p", self.min_p)
-        if not 0.0 <= min_p <= 1.0:
-            raise InvalidParameter("min_p", f"min_p must be in [0, 1], got {min_p}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = _check_finite(name, getattr(self, name))
-            if not _PENALTY_RANGE[0] <= value <= _PENALTY_RANGE[1]:
-                raise InvalidParameter(name, f"{name} must be in [-2, 2], got {value}")
-        repetition_penalty = _check_finite("repetition_penalty", self.repetition_penalty)
-        if repetition_penalty <= 0:
-            raise InvalidParameter(
-                "repetition_penalty", f"repetition_penalty must be > 0, got {repetition_penalty}"
-            )
-        if not isinstance(self.logit_bias, Mapping):
-            raise InvalidParameter(
-                "logit_bias",
-                f"logit_bias must be a mapping token id -> bias, got {self.logit_bias!r}",
-            )
-        bias: dict[int, float] = {}
-        for token_id, value in self.logit_bias.items():
-            # str.isdigit() also accepts digits int() refuses ("²"): ASCII digits only.
-            is_decimal = isinstance(token_id, str) and token_id.isascii() and token_id.isdigit()
-            token = int(token_id) if is_decimal else token_id
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                raise InvalidParameter(
-                    "logit_bias", f"logit_bias keys must be token ids >= 0, got {token_id!r}"
-                )
-            value = _check_finite(f"logit_bias[{token}]", value, "logit_bias")
-            if not _LOGIT_BIAS_RANGE[0] <= value <= _LOGIT_BIAS_RANGE[1]:
-                raise InvalidParameter(
-                    "logit_bias", f"logit_bias[{token}] must be in [-100, 100], got {value}"
-                )
-            bias[token] = value
-        if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
-        ):
-            # The seed feeds numpy.random.default_rng([seed, position]): non-negative only.
-            raise InvalidParameter(
-                "seed", f"seed must be an integer >= 0 or None, got {self.seed!r}"
-            )
-        for name, value in (
-            ("temperature", temperature),
-            ("top_p", top_p),
-            ("min_p", min_p),
-            ("repetition_penalty", repetition_penalty),
-        ):
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "logit_bias", types.MappingProxyType(bias))
-
-    @property
-    def is_greedy(self) -> bool:
-        """True when sampling is a deterministic argmax."""
-        return self.temperature == 0.0
-
-    @property
-    def has_penalties(self) -> bool:
-        """True when the distribution depends on the tokens generated so far."""
-        return (
-            self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-            or self.repetition_penalty != 1.0
-        )
-
 
 # ---------------------------------------------------------------------------------------------
 # Target and draft distributions (NumPy reference)

@@ -22,8 +22,8 @@ from mtplx.request import (
 from mtplx.sampling import SamplerConfig
 
 if TYPE_CHECKING:
+    from mtplx.cycle import Ahead, CycleResult, QueuedDraft
     from mtplx.grammar import GrammarState
-    from mtplx.speculative import Ahead, CycleResult, QueuedDraft
 
 Event = TokenEvent | FinishEvent
 

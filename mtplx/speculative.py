@@ -22,16 +22,20 @@ its first input is the lazy last committed token, its uniforms the stream's at t
 chosen position (``cycle_uniforms`` of each possible one, picked by the verdict), so it
 draws exactly what the cycle built after reading the verdict would. Then the verdict is read
 (``close_queued``) while the new cycle computes.
+
+The in-flight data these functions pass between steps (``CycleResult``, ``Ahead``,
+``Draft``, ``QueuedDraft``) is ``mtplx.cycle``'s.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
 
+from mtplx.arrays import int_list, scalar_int
+from mtplx.cycle import Ahead, CycleResult, Draft, QueuedDraft
 from mtplx.drafters.base import Drafter, DraftSampler
 from mtplx.models.batched import BatchedTarget, RowOutput
 from mtplx.sampling import (
@@ -43,18 +47,6 @@ from mtplx.sampling import (
     mx_verify_greedy,
 )
 from mtplx.sequence import Sequence
-
-
-@dataclass
-class CycleResult:
-    """What one cycle of a row committed."""
-
-    committed: list[int]  # accepted draft tokens, then the recovered / bonus / sampled token
-    num_drafted: int
-    num_accepted: int
-    target_logits: mx.array  # [n, V] raw target logits at the committed tokens' positions
-    draft_time: float
-    verify_time: float
 
 
 def cycle_uniforms(seed: int, position: int, num_draft: int) -> mx.array:
@@ -85,16 +77,6 @@ def position_counts(token_counts: mx.array | None, draft_tokens: mx.array) -> mx
 # -- plain rows, one step ahead ------------------------------------------------------------
 
 
-@dataclass
-class Ahead:
-    """The target forward of a row's newest token, queued: its cache entry is written and its
-    outputs are being computed."""
-
-    logits: mx.array  # [1, V]
-    hidden: mx.array  # [1, H]
-    sample: mx.array  # [1] int32, the plain-decoding draw of the next token from these logits
-
-
 def plain_input(sequence: Sequence) -> mx.array:
     """[1] int32: what a plain row feeds the forward: the lazy draw of its queued forward, or
     its newest committed token."""
@@ -107,9 +89,10 @@ def queue_plain(sequence: Sequence, output: RowOutput) -> Ahead:
     """The queued forward of ``plain_input`` and the lazy plain draw of the token after it,
     with the uniforms ``verify`` at depth 0 would use there. Needs no penalties."""
     index = len(sequence.tokens) - (0 if sequence.ahead is not None else 1)  # the fed token's
-    probs = mx_distribution_from_logits(output.logits, sequence.config)  # [1, V]
+    logits = output.asked_logits()
+    probs = mx_distribution_from_logits(logits, sequence.config)  # [1, V]
     sample = mx_sample(probs, cycle_uniforms(sequence.seed, index + 1, 0)).astype(mx.int32)
-    return Ahead(output.logits, output.hidden, sample)
+    return Ahead(logits, output.hidden, sample)
 
 
 def queue_plain_rows(sequences: list[Sequence], outputs: list[RowOutput]) -> list[Ahead]:
@@ -126,7 +109,7 @@ def queue_plain_rows(sequences: list[Sequence], outputs: list[RowOutput]) -> lis
     samples: list[mx.array] = [mx.zeros((1,), mx.int32)] * len(sequences)
     for members in groups.values():
         config = sequences[members[0]].config
-        logits = [outputs[i].logits for i in members]
+        logits = [outputs[i].asked_logits() for i in members]
         stacked = mx.concatenate(logits) if len(logits) > 1 else logits[0]  # [G, V]
         if config.is_greedy:
             biased = mx_apply_penalties(stacked.astype(mx.float32), None, config)
@@ -142,7 +125,7 @@ def queue_plain_rows(sequences: list[Sequence], outputs: list[RowOutput]) -> lis
         for slot, i in enumerate(members):
             samples[i] = drawn[slot : slot + 1]
     return [
-        Ahead(output.logits, output.hidden, sample)
+        Ahead(output.asked_logits(), output.hidden, sample)
         for output, sample in zip(outputs, samples, strict=True)
     ]
 
@@ -167,7 +150,7 @@ def close_ahead(drafter: Drafter | None, ahead: Ahead, started: float | None = N
         started = time.perf_counter()
     # Read the draw queued last step, never an array newly derived from it: such an array is
     # part of the graph just queued and is ready only when that whole forward is.
-    committed = [int(ahead.sample.item())]
+    committed = [scalar_int(ahead.sample)]
     verify_time = time.perf_counter() - started
     if drafter is not None:
         drafter.commit(committed, ahead.hidden[None] if drafter.needs_hidden else None)
@@ -175,30 +158,6 @@ def close_ahead(drafter: Drafter | None, ahead: Ahead, started: float | None = N
 
 
 # -- drafting (or penalised) rows, in step with the forward --------------------------------
-
-
-@dataclass
-class Draft:
-    """One row's proposal for this step and what its verification needs."""
-
-    tokens: mx.array  # [k] int32 draft tokens (k may be below the planned depth)
-    qs: list[mx.array]  # k x [V] proposal distributions
-    uniforms: mx.array  # [2 * planned + 1], see cycle_uniforms
-    num_planned: int
-    draft_time: float
-    checkpoint: object = None  # the row's state before the forward (recurrent targets)
-    masks: list[mx.array] = field(default_factory=list)  # k x [V] bool grammar masks
-
-    @property
-    def num_drafted(self) -> int:
-        return int(self.tokens.shape[0])
-
-    def inputs(self, last_token: int | mx.array) -> mx.array:
-        """[k + 1] int32: the row's tokens for the forward (``last_token``: an id, or [1]
-        int32 lazy)."""
-        if isinstance(last_token, int):
-            last_token = mx.array([last_token], mx.int32)
-        return mx.concatenate([last_token, self.tokens])
 
 
 def propose(sequence: Sequence, num_draft: int, vocab_size: int) -> Draft:
@@ -253,7 +212,7 @@ def _lookup_masks(sequence: Sequence, tokens: list[mx.array]) -> list[mx.array]:
     masks = []
     for token in tokens:
         allowed = grammar.allowed()
-        token_id = int(token.item())
+        token_id = scalar_int(token)
         if allowed is None or not allowed[token_id]:
             break
         masks.append(mx.array(allowed))
@@ -276,21 +235,22 @@ def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.arra
     """The exact rule over the row's k + 1 target positions, lazily: (num_accepted [1] int32,
     output_tokens [1, k+1] int32; see mx_verify_draft_tokens)."""
     k, planned = draft.num_drafted, draft.num_planned
+    target_logits = output.asked_logits()
     if sequence.config.is_greedy:  # every draft is greedy too: one-hot q at its token
         logits = mx_apply_penalties(
-            output.logits.astype(mx.float32),
+            target_logits.astype(mx.float32),
             position_counts(sequence.token_counts, draft.tokens),
             sequence.config,
         )
-        masks = grammar_masks(sequence, draft, output.logits.shape[-1])
+        masks = grammar_masks(sequence, draft, target_logits.shape[-1])
         if masks is not None:
             logits = mx.where(masks, logits, -mx.inf)
         return mx_verify_greedy(logits[None], draft.tokens[None])  # [1, k+1, V]
     target_probs = mx_distribution_from_logits(
-        output.logits,
+        target_logits,
         sequence.config,
         position_counts(sequence.token_counts, draft.tokens),
-        grammar_masks(sequence, draft, output.logits.shape[-1]),
+        grammar_masks(sequence, draft, target_logits.shape[-1]),
     )  # [k+1, V]
     draft_probs = (
         mx.stack(draft.qs)[None] if k else mx.zeros((1, 0, target_probs.shape[-1]), mx.float32)
@@ -315,8 +275,8 @@ def commit(
 ) -> CycleResult:
     """Read the (evaluated) verdict, roll the row back past rejected drafts and keep the
     drafter in step. ``sequence.tokens`` is left to the caller."""
-    num_accepted = int(num_accepted_array.item())
-    committed = [int(t) for t in output_tokens[0, : num_accepted + 1].tolist()]
+    num_accepted = scalar_int(num_accepted_array)
+    committed = int_list(output_tokens[0, : num_accepted + 1])
     num_rejected = draft.num_drafted - num_accepted
     grammar = sequence.grammar
     if grammar is not None:
@@ -341,7 +301,7 @@ def commit(
         committed=committed,
         num_drafted=draft.num_drafted,
         num_accepted=num_accepted,
-        target_logits=output.logits[: len(committed)],
+        target_logits=output.asked_logits()[: len(committed)],
         draft_time=draft.draft_time,
         verify_time=verify_time,
     )
@@ -350,24 +310,13 @@ def commit(
 # -- drafting rows, one step ahead --------------------------------------------------------
 
 
-@dataclass
-class QueuedDraft:
-    """A drafting cycle whose verdict is still computing (see the module docstring)."""
-
-    draft: Draft
-    output: RowOutput
-    num_accepted: mx.array  # [1] int32
-    output_tokens: mx.array  # [1, k+1] int32
-    source: str | None  # the depth policy that planned it
-    started: float  # when its step began
-
-
 def commits_lazily(sequence: Sequence) -> bool:
     """Whether the row's drafting cycles can run one step ahead: its drafter takes lazy
     commits, and nothing of the next cycle needs the verdict on the host (penalty counts,
     grammar states do)."""
     return (
-        bool(getattr(sequence.drafter, "commits_lazily", False))
+        sequence.drafter is not None
+        and sequence.drafter.commits_lazily
         and not sequence.config.has_penalties
         and sequence.grammar is None
     )
@@ -393,25 +342,27 @@ def queue_draft(
     the row drops the rejected drafts lazily, the drafter gets every verified position's pair
     with the count that holds."""
     num_accepted, output_tokens = verify(sequence, draft, output)
-    target.trim_lazily(sequence.row, draft.num_drafted - num_accepted[0])  # type: ignore[attr-defined]
+    target.trim_lazily(sequence.row, draft.num_drafted - num_accepted[0])
     drafter = sequence.drafter
-    drafter.commit_lazy(output_tokens[0], output.hidden[None], num_accepted[0] + 1)  # type: ignore[union-attr]
+    assert drafter is not None, "only drafting rows queue their cycles"
+    drafter.commit_lazy(output_tokens[0], output.hidden[None], num_accepted[0] + 1)
     return QueuedDraft(draft, output, num_accepted, output_tokens, source, started)
 
 
 def close_queued(target: BatchedTarget, sequence: Sequence, queued: QueuedDraft) -> CycleResult:
     """Read a queued drafting cycle's verdict; settle the row and the drafter by it."""
-    num_accepted = int(queued.num_accepted.item())
-    committed = [int(t) for t in queued.output_tokens[0, : num_accepted + 1].tolist()]
+    num_accepted = scalar_int(queued.num_accepted)
+    committed = int_list(queued.output_tokens[0, : num_accepted + 1])
     verify_time = time.perf_counter() - queued.started
-    num_rejected = target.settle(sequence.row)  # type: ignore[attr-defined]
+    num_rejected = target.settle(sequence.row)
     assert num_rejected == queued.draft.num_drafted - num_accepted
-    sequence.drafter.settle(num_rejected)  # type: ignore[union-attr]
+    assert sequence.drafter is not None, "only drafting rows queue their cycles"
+    sequence.drafter.settle(num_rejected)
     return CycleResult(
         committed=committed,
         num_drafted=queued.draft.num_drafted,
         num_accepted=num_accepted,
-        target_logits=queued.output.logits[: len(committed)],
+        target_logits=queued.output.asked_logits()[: len(committed)],
         draft_time=queued.draft.draft_time,
         verify_time=verify_time,
     )

@@ -1,6 +1,6 @@
 """The Anthropic Messages API (``POST /v1/messages``) on the chat path: its request models,
 their translation into the ``ChatCompletionRequest`` the OpenAI chat route uses (same chat
-template, SamplerConfig, tool machinery, limits and scheduler), and the reply. The stream
+template, SamplerConfig, tool machinery, limits and bridge), and the reply. The stream
 events are in ``server.anthropic_stream``.
 
 Tools map onto chat's: ``tools`` (``name``, ``description``, ``input_schema``) become

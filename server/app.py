@@ -1,9 +1,9 @@
 """The FastAPI application factory.
 
-``create_app(engine_or_scheduler, settings)`` wires the routes, the error handlers, the
+``create_app(engine_or_bridge, settings)`` wires the routes, the error handlers, the
 OpenAPI request bodies and the ASGI middleware: trailing slashes dropped outermost, then the
 request log, the Host check, CORS (when origins are allowed), the API key, and the body
-limit. The engine is plugged in through a ``Scheduler``: pass one (``Scheduler(factory)``
+limit. The engine is plugged in through a ``EngineBridge``: pass one (``EngineBridge(factory)``
 loads the model on the engine thread while /health answers 503), or pass an engine and one
 is made around it.
 """
@@ -18,11 +18,11 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from mtplx.scheduler import EngineLike, Scheduler
 from server.anthropic_api import CountTokensRequest, MessagesRequest
 from server.auth import ApiKeyMiddleware
 from server.context import AppContext
 from server.cross_site import HostCheckMiddleware, allowed_host_names
+from server.engine_bridge import EngineBridge, EngineLike
 from server.errors import install_error_handlers
 from server.limits import BodyLimitMiddleware
 from server.metrics import ServerMetrics
@@ -38,44 +38,44 @@ __all__ = ["create_app"]
 
 
 def create_app(
-    engine: EngineLike | Scheduler,
+    engine: EngineLike | EngineBridge,
     settings: ServerSettings | None = None,
     *,
     blas_info: Callable[[], Any] | None = None,
 ) -> FastAPI:
-    """Build the app. The scheduler starts with the app (lifespan) and stops with it.
+    """Build the app. The bridge starts with the app (lifespan) and stops with it.
 
     ``blas_info`` is asked on each /health for a description of the BLAS in use.
     """
     settings = settings or ServerSettings()
-    scheduler = (
+    bridge = (
         engine
-        if isinstance(engine, Scheduler)
-        else Scheduler.from_engine(
+        if isinstance(engine, EngineBridge)
+        else EngineBridge.from_engine(
             engine, max_queue=settings.max_queue, request_timeout=settings.request_timeout
         )
     )
     metrics = ServerMetrics(
-        queue_depth=lambda: scheduler.queue_depth,
-        active=lambda: scheduler.active,
-        running_sequences=lambda: scheduler.running,
-        slow_readers=lambda: scheduler.slow_readers,
-        prefix_cache=lambda: scheduler.prefix_cache,
+        queue_depth=lambda: bridge.queue_depth,
+        active=lambda: bridge.active,
+        running_sequences=lambda: bridge.running,
+        slow_readers=lambda: bridge.slow_readers,
+        prefix_cache=lambda: bridge.prefix_cache,
     )
-    scheduler.step_observer = metrics.observe_step
+    bridge.step_observer = metrics.observe_step
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        scheduler.start()
+        bridge.start()
         try:
             yield
         finally:
             # Joining the engine thread blocks; keep the loop free for closing connections.
-            await asyncio.to_thread(scheduler.stop)
+            await asyncio.to_thread(bridge.stop)
 
     app = FastAPI(title="MTPLX", version="0.1.0", lifespan=lifespan)
     app.state.ctx = AppContext(
-        scheduler=scheduler, settings=settings, metrics=metrics, blas_info=blas_info
+        bridge=bridge, settings=settings, metrics=metrics, blas_info=blas_info
     )
     install_error_handlers(app)
     app.include_router(chat.router)

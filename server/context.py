@@ -1,4 +1,4 @@
-"""What every route needs, kept on ``app.state.ctx``: the scheduler, settings, metrics and
+"""What every route needs, kept on ``app.state.ctx``: the bridge, settings, metrics and
 the host facts /health reports."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from mtplx.scheduler import EngineLike, Scheduler, ShuttingDown
+from server.engine_bridge import EngineBridge, EngineLike, ShuttingDown
 from server.errors import APIError
 from server.metrics import ServerMetrics
 from server.reasoning import ReasoningParser, reasoning_parser
@@ -23,7 +23,7 @@ __all__ = ["AppContext", "get_context"]
 class AppContext:
     """Per-app state shared by the routes."""
 
-    scheduler: Scheduler
+    bridge: EngineBridge
     settings: ServerSettings
     metrics: ServerMetrics
     blas_info: Callable[[], Any] | None = None
@@ -35,36 +35,36 @@ class AppContext:
         the context has tokens: each renders one token at least. Checked on the parsed
         JSON before validation, which holds the GIL (a 15 MB body of 420k messages
         stalled every request for 5 s). Empty while the model loads."""
-        if self.scheduler.state != "ready":
+        if self.bridge.state != "ready":
             return {}
-        return dict.fromkeys(fields, self.scheduler.engine.context_length)
+        return dict.fromkeys(fields, self.bridge.engine.context_length)
 
     def max_json_len(self) -> int | None:
         """The most items any array or object in a generation request may hold: the
         context's tokens or the vocabulary, whichever is larger (a prompt of token ids, a
         ``logit_bias`` over the vocabulary). None while the model loads."""
-        if self.scheduler.state != "ready":
+        if self.bridge.state != "ready":
             return None
-        engine = self.scheduler.engine
+        engine = self.bridge.engine
         return max(engine.context_length, getattr(engine, "vocab_size", 0))
 
     def engine(self) -> EngineLike:
         """The engine, or a 503 APIError while it loads (or after it failed to), or while the
         server drains for shutdown."""
-        state = self.scheduler.state
+        state = self.bridge.state
         if state != "ready":
-            failure = getattr(self.scheduler, "failure", None)  # failed after loading
+            failure = getattr(self.bridge, "failure", None)  # failed after loading
             if failure is not None:
                 message = f"The engine failed: {failure}"
             elif state == "failed":
-                message = f"The model failed to load: {self.scheduler.load_error}"
+                message = f"The model failed to load: {self.bridge.load_error}"
             elif state in ("draining", "stopped"):
                 raise APIError(503, str(ShuttingDown()), code="server_shutting_down")
             else:
                 message = "The model is loading; retry shortly."
             headers = {"Retry-After": "5"} if state in ("created", "loading") else None
             raise APIError(503, message, code="model_not_ready", headers=headers)
-        return self.scheduler.engine
+        return self.bridge.engine
 
     def reasoning_parser(self) -> ReasoningParser | None:
         """The served model's reasoning parser (``settings.reasoning_parser``), None when
@@ -79,11 +79,11 @@ class AppContext:
 
     def model_id(self) -> str:
         """The id clients use in ``model``."""
-        return self.settings.served_model_name or self.scheduler.engine.model_name
+        return self.settings.served_model_name or self.bridge.engine.model_name
 
     def model_names(self) -> set[str]:
         """Every value ``model`` may take: the served name, the engine's name, the path."""
-        names = {self.model_id(), self.scheduler.engine.model_name}
+        names = {self.model_id(), self.bridge.engine.model_name}
         if self.settings.model:
             names.add(self.settings.model)
         return names

@@ -1,4 +1,4 @@
-"""Running one HTTP request's generations through the scheduler: admission (scheduler errors
+"""Running one HTTP request's generations through the bridge: admission (bridge errors
 to HTTP errors), collecting results for a non-streaming reply while watching for the client
 to go away, and the usage / speculative statistics every reply carries."""
 
@@ -20,13 +20,13 @@ from mtplx.request import (
     PromptLogprob,
     TokenEvent,
 )
-from mtplx.scheduler import (
+from server.engine_bridge import (
+    BridgeError,
+    EngineBridge,
     EngineNotReady,
     GenerationFailed,
     QueueFull,
     RequestTimeout,
-    Scheduler,
-    SchedulerError,
     ShuttingDown,
     Ticket,
 )
@@ -51,15 +51,15 @@ class ClientDisconnected(Exception):
 
 
 async def submit(
-    scheduler: Scheduler,
+    bridge: EngineBridge,
     requests: Sequence[GenerationRequest],
     aliases: Mapping[str, str] | None = None,
 ) -> Ticket:
     """Prepare the requests (grammars compiled off the event loop) and queue them as one
     ticket, or raise the APIError the client should see."""
     try:
-        await scheduler.prepare(requests)
-        return scheduler.submit(requests)
+        await bridge.prepare(requests)
+        return bridge.submit(requests)
     except QueueFull as exc:
         raise APIError(
             429, str(exc), code="queue_full", headers={"Retry-After": str(exc.retry_after)}
@@ -73,7 +73,7 @@ async def submit(
         raise from_value_error(exc, aliases) from exc
 
 
-def error_for(exc: SchedulerError) -> APIError:
+def error_for(exc: BridgeError) -> APIError:
     """The APIError for a failure that happens after admission."""
     if isinstance(exc, RequestTimeout):
         return APIError(504, "The request timed out.", code="timeout")
@@ -104,7 +104,7 @@ class ChoiceResult:
 async def collect(
     ticket: Ticket, num_choices: int, on_first_token: Callable[[], None] | None = None
 ) -> list[ChoiceResult]:
-    """Read a ticket to the end; raises the ticket's SchedulerError."""
+    """Read a ticket to the end; raises the ticket's BridgeError."""
     results = [ChoiceResult(index=i) for i in range(num_choices)]
     first = True
     async with ticket:

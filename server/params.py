@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mtplx.grammar import GrammarSpec
-from mtplx.request import GenerationRequest
-from mtplx.sampling import SamplerConfig
-from mtplx.scheduler import EngineLike
+from mtplx.request import GenerationRequest, SamplerConfig
+from server.engine_bridge import EngineLike
 from server.errors import APIError, from_value_error
 from server.prompts import Prompt, count_prompts
 from server.schemas import ChatCompletionRequest, CompletionRequest, unsupported_fields

@@ -1,6 +1,6 @@
 """The OpenAI Responses API (``POST /v1/responses``) on the chat path, stateless: its request
 model and the translation into the ``ChatCompletionRequest`` the chat route uses (same chat
-template, tool machinery, limits and scheduler). The ``response`` object and the typed
+template, tool machinery, limits and bridge). The ``response`` object and the typed
 stream events are in ``server.responses_output``.
 
 Function tools map onto chat's: ``tools`` items ``{"type": "function", "name", "description",

@@ -21,11 +21,17 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from mtplx.drafter_registry import DRAFTER_NAMES
+
 __all__ = ["ConfigError", "ServerSettings", "is_loopback", "load_settings", "read_config_file"]
 
 
 class ConfigError(ValueError):
     """A config file that cannot be used (unreadable, not a mapping, unknown key)."""
+
+
+# "auto" picks the best drafter the model has (mtplx.drafter_registry.best_drafter).
+_DRAFTER_CHOICES = ("auto", *DRAFTER_NAMES)
 
 
 class ServerSettings(BaseSettings):
@@ -35,9 +41,7 @@ class ServerSettings(BaseSettings):
 
     model: str | None = Field(None, description="checkpoint path or id; None = shipped default")
     served_model_name: str | None = Field(None, description="id clients send; default: model's")
-    drafter: Literal[
-        "auto", "mtp+ngram", "draft_model+ngram", "mtp", "draft_model", "ngram", "none"
-    ] = "auto"
+    drafter: Literal[_DRAFTER_CHOICES] = "auto"
     depth: int | None = Field(
         None, ge=0, le=16, description="draft tokens per cycle; None=adaptive"
     )

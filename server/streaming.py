@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from sse_starlette import EventSourceResponse
 
 from mtplx.request import FinishEvent, GenerationStats, TokenEvent
-from mtplx.scheduler import SchedulerError, Ticket
+from server.engine_bridge import BridgeError, Ticket
 from server.errors import APIError
 from server.generation import error_for, speculative_summary, usage
 
@@ -198,7 +198,7 @@ async def _stream_events(
                     stats.append(event.stats)
                     for sse in fmt.finish(index, event):
                         yield sse
-        except SchedulerError as exc:
+        except BridgeError as exc:
             for sse in fmt.failure(error_for(exc)):
                 yield sse
             return
@@ -210,7 +210,7 @@ async def _stream_events(
 
 def let_streams_drain() -> None:
     """Keep sse-starlette from cutting streams the moment uvicorn is told to exit: the
-    scheduler's drain ends them itself (a finish, or an error event), each with ``[DONE]``."""
+    bridge's drain ends them itself (a finish, or an error event), each with ``[DONE]``."""
     from sse_starlette.sse import AppStatus
 
     AppStatus.disable_automatic_graceful_drain()

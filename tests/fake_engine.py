@@ -1,4 +1,4 @@
-"""A deterministic stand-in for ``mtplx.engine.Engine`` and its tokenizer, for scheduler and
+"""A deterministic stand-in for ``mtplx.engine.Engine`` and its tokenizer, for bridge and
 server tests. It follows the engine API exactly (validate / generate / token_text and the
 attributes the server reads) so the real engine drops in without touching the tests' logic.
 
@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import codecs
 import random
+import sys
 import threading
 import time
+import types
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+import pytest
 
 from mtplx.grammar import check_grammar
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
@@ -115,7 +119,7 @@ class FakeEngine:
         self._running = 0
         self._lock = threading.Lock()
 
-    # -- the batch API the scheduler uses: each row advances one event per step -----------
+    # -- the batch API the bridge uses: each row advances one event per step -----------
 
     @property
     def has_room(self) -> bool:
@@ -332,3 +336,30 @@ class ScriptedEngine(FakeEngine):
         if len(tokens) > request.max_tokens:
             return tokens[: request.max_tokens], "length", None
         return tokens, "stop", None
+
+
+def install_fake_engine_modules(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Stand-ins for mtplx.engine.Engine and mtplx.models.load, recording their calls."""
+    calls: dict[str, Any] = {}
+
+    class Engine(FakeEngine):
+        def __init__(
+            self, loaded, default_drafter="mtp", default_depth=None, draft_model=None, **sizes
+        ):
+            calls["engine"] = (loaded.path, default_drafter, default_depth)
+            calls["sizes"] = sizes
+            super().__init__(default_drafter=default_drafter, default_depth=default_depth)
+
+        def warm_up(self):
+            calls["warm_up"] = True
+
+    engine_module = types.ModuleType("mtplx.engine")
+    engine_module.Engine = Engine
+    monkeypatch.setitem(sys.modules, "mtplx.engine", engine_module)
+    import mtplx.models
+
+    def load(path):
+        return types.SimpleNamespace(path=f"loaded:{path}", mtp_heads=["head"])
+
+    monkeypatch.setattr(mtplx.models, "load", load, raising=False)
+    return calls

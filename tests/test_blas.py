@@ -121,6 +121,7 @@ def test_opt_out_is_logged() -> None:
         """
         import logging; logging.basicConfig(level=logging.INFO)
         import mtplx
+        import mlx.core  # the first MLX import is what enables (or declines) the fast BLAS
         from mtplx.blas import blas_info
         print(blas_info().fast, blas_info().fallback_reason)
         """,
@@ -149,7 +150,8 @@ def test_importing_mlx_first_falls_back_with_a_warning() -> None:
 def test_missing_compiler_falls_back_with_a_warning(tmp_path: Path) -> None:
     # An empty MTPLX_HOME has no cached shim, so the (absent) compiler would be needed.
     done = _run(
-        "import mtplx\nfrom mtplx.blas import blas_info\nprint(blas_info().fast)\n",
+        "import mtplx\nimport mlx.core\nfrom mtplx.blas import blas_info\n"
+        "print(blas_info().fast)\n",
         {"MTPLX_BLAS": "auto", "MTPLX_HOME": str(tmp_path), "CC": "no-such-compiler"},
     )
     assert done.returncode == 0, done.stderr

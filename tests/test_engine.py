@@ -3,6 +3,7 @@ decoding for every drafter and depth, seeded determinism, stop conditions, bad i
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -334,3 +335,17 @@ def test_a_kv_budget_holds_new_requests_back_while_the_running_ones_use_it(
         engine.max_kv_bytes = None
         for sequence in list(engine.running):
             engine.abort(sequence)
+
+
+def test_the_step_reads_in_short_functions() -> None:
+    # The step's schedule, run and postprocess stay readable: no engine function over 60
+    # lines (docstring included).
+    import mtplx.engine
+
+    tree = ast.parse(Path(mtplx.engine.__file__).read_text())
+    long = [
+        f"{node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 60
+    ]
+    assert long == []

@@ -118,7 +118,7 @@ def bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     from mtplx.bench.prompts import DEFAULT_PROMPT_DIR
     from mtplx.bench.report import summarize, write_reports
     from mtplx.bench.runner import ALL_MODES, BenchConfig, run_bench
-    from mtplx.serve import resolve_model
+    from mtplx.commands import resolve_model
 
     quick = QUICK if args.quick else {}
     modes = args.modes or _csv(quick.get("modes", ",".join(ALL_MODES)))

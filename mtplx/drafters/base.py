@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 import mlx.core as mx
 import numpy as np
 
+from mtplx.arrays import scalar_int
 from mtplx.sampling import SamplerConfig, mx_distribution_from_logits, mx_sample
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class DraftSampler:
         elif mask is not None:
             # The next position's mask depends on this token: read it now (constrained
             # drafts are drawn one synchronised token at a time).
-            self.grammar.consume(int(token.item()))
+            self.grammar.consume(scalar_int(token))
             self.num_valid += 1
         return token, q
 
@@ -119,9 +120,12 @@ class Drafter(Protocol):
     committed history (never with rejected draft tokens)."""
 
     name: str
-    # Target token id of each entry of the drafter's logits when it drafts over a reduced
-    # vocabulary ([V'] int32), else None.
-    draft_vocab: mx.array | None
+
+    @property
+    def draft_vocab(self) -> mx.array | None:
+        """Target token id of each entry of the drafter's logits when it drafts over a
+        reduced vocabulary ([V'] int32), else None."""
+        ...
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Start a new sequence whose committed history is ``prompt_ids``'s first token."""
@@ -146,3 +150,65 @@ class Drafter(Protocol):
     def needs_hidden(self) -> bool:
         """Whether ``commit`` reads the target's hidden states."""
         ...
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """What it can draft from: n-gram lookup (``"ngram"``) and / or a model drafter's
+        name; a lookup-first drafter has both, and drafts from the one it last ``use``d."""
+        ...
+
+    def use(self, source: str) -> None:
+        """Draft the next cycle from ``source`` (one of ``sources``)."""
+        ...
+
+    def match_length(self, history: list[int]) -> int:
+        """Its n-gram lookup's match length for ``history`` (0: no match, or no lookup)."""
+        ...
+
+    @property
+    def commits_lazily(self) -> bool:
+        """Whether the drafter takes a cycle's commit before its verdict is read
+        (``commit_lazy``, then ``settle``), so its drafting cycles can run one step ahead."""
+        ...
+
+    def commit_lazy(self, tokens: mx.array, target_hidden: mx.array, num_valid: mx.array) -> None:
+        """Feed a cycle's verified positions with the count that holds still computing:
+        tokens [k+1] int32, target_hidden [1, k+1, H], num_valid [] int32 (lazy). Only
+        called when ``commits_lazily``."""
+        ...
+
+    def settle(self, num_rejected: int) -> None:
+        """The last lazy commit's verdict, read: ``num_rejected`` draft tokens were not
+        accepted."""
+        ...
+
+
+class OneSource:
+    """The draft sources of a drafter that drafts from one source, its ``name``; the match
+    length is a lookup's (0 here: a model drafter does not look up)."""
+
+    name: str
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def use(self, source: str) -> None:
+        if source != self.name:
+            raise ValueError(f"unknown draft source {source!r}; sources: {self.sources}")
+
+    def match_length(self, history: list[int]) -> int:
+        return 0
+
+
+class CommitsEagerly:
+    """The lazy-commit capability of a drafter that only takes read verdicts (``commit``):
+    its cycles are never run one step ahead, so the lazy calls never come."""
+
+    commits_lazily = False
+
+    def commit_lazy(self, tokens: mx.array, target_hidden: mx.array, num_valid: mx.array) -> None:
+        raise NotImplementedError(f"{type(self).__name__} commits only read verdicts")
+
+    def settle(self, num_rejected: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} commits only read verdicts")

@@ -9,11 +9,12 @@ from typing import Any
 import mlx.core as mx
 
 from mtplx import cache as cache_ops
-from mtplx.drafters.base import DraftSampler
+from mtplx.arrays import scalar_int
+from mtplx.drafters.base import CommitsEagerly, DraftSampler, OneSource
 from mtplx.models.base import TargetModel
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(CommitsEagerly, OneSource):
     """Drafts autoregressively with ``draft``, a TargetModel sharing the target's vocabulary."""
 
     name = "draft_model"
@@ -44,7 +45,7 @@ class DraftModelDrafter:
         # tokens of new_tokens that equal d1.. are already in it; the remainder is pending.
         num_kept = 0
         if cache_ops.is_trimmable(self.cache):
-            speculative = [int(token.item()) for token in self.speculative_tokens]
+            speculative = [scalar_int(token) for token in self.speculative_tokens]
             while (
                 num_kept < min(self.num_speculative, len(new_tokens))
                 and speculative[num_kept] == new_tokens[num_kept]

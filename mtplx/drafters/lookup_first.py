@@ -56,15 +56,15 @@ class LookupFirstDrafter:
     @property
     def commits_lazily(self) -> bool:
         """Whether the model drafter queues lazy commits (``MTPDrafter.commit_lazy``)."""
-        return getattr(self.model_drafter, "commits_lazily", False)
+        return self.model_drafter.commits_lazily
 
     def commit_lazy(self, tokens: mx.array, target_hidden: mx.array, num_valid: mx.array) -> None:
         """A lazy commit reaches the model drafter (the lookup reads the history)."""
-        self.model_drafter.commit_lazy(tokens, target_hidden, num_valid)  # type: ignore[attr-defined]
+        self.model_drafter.commit_lazy(tokens, target_hidden, num_valid)
 
     def settle(self, num_rejected: int) -> None:
         """The last lazy commit's verdict, to the model drafter."""
-        self.model_drafter.settle(num_rejected)  # type: ignore[attr-defined]
+        self.model_drafter.settle(num_rejected)
 
     def propose(
         self, history: list[int], k: int, sample: DraftSampler

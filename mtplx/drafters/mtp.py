@@ -14,11 +14,11 @@ from typing import Any
 import mlx.core as mx
 
 from mtplx import cache as cache_ops
-from mtplx.drafters.base import DraftSampler
+from mtplx.drafters.base import DraftSampler, OneSource
 from mtplx.models.base import LoadedModel, MTPHead
 
 
-class MTPDrafter:
+class MTPDrafter(OneSource):
     """Drafts with ``model.mtp_heads[0]``, recursively for depth > 1."""
 
     name = "mtp"
@@ -29,8 +29,7 @@ class MTPDrafter:
             raise ValueError(f"drafter 'mtp' needs MTP heads, and {model.path} has none")
         self.head: MTPHead = model.mtp_heads[0]
         self.draft_vocab = model.draft_vocab
-        make_lazy_cache = getattr(self.head, "make_lazy_cache", None)
-        self.commits_lazily = make_lazy_cache is not None and make_lazy_cache() is not None
+        self.commits_lazily = self.head.make_lazy_cache() is not None
         self.cache: list[Any] = []
         self.pending_hidden: list[mx.array] = []  # [1, n, H] target hidden states to feed
         self.pending_tokens: list[mx.array] = []  # [n] int32 the tokens after them
@@ -41,7 +40,8 @@ class MTPDrafter:
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Fresh head cache for a new sequence."""
-        self.cache = self.head.make_lazy_cache() if self.commits_lazily else self.head.make_cache()  # type: ignore[attr-defined]
+        lazy = self.head.make_lazy_cache() if self.commits_lazily else None
+        self.cache = self.head.make_cache() if lazy is None else lazy
         self.pending_hidden, self.pending_tokens, self.pending_valid = [], [], None
         self.num_fed_unsettled = 0
         self.checkpoint = None

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import mlx.core as mx
+import mlx.nn as nn
 
 
 class TargetModel(Protocol):
@@ -40,8 +41,19 @@ class MTPHead(Protocol):
     """One multi-token-prediction module (one of ``num_nextn_predict_layers`` /
     ``mtp_num_hidden_layers`` blocks, or the recursive head of a Qwen3-Next checkpoint)."""
 
+    @property
+    def module(self) -> nn.Module:
+        """The head's weights: loading settles their dtypes and quantization."""
+        ...
+
     def make_cache(self) -> list[Any]:
         """Fresh per-sequence cache objects for the head's own attention layer(s)."""
+        ...
+
+    def make_lazy_cache(self) -> list[Any] | None:
+        """A per-sequence cache that takes commits whose count is still computing
+        (``mtplx.lazy_cache``), or None when the head's layers cannot read one: its drafter
+        then commits eagerly."""
         ...
 
     def __call__(

@@ -173,6 +173,8 @@ def load_separate_mtp(
     for file in files:
         read_safetensors_header(file)
         arrays = mx.load(str(file))
+        if not isinstance(arrays, dict):  # a .safetensors file always loads as a mapping
+            raise CheckpointError(f"{file} is not a safetensors weight file")
         for key, value in arrays.items():
             if not is_mtp_key(key):
                 raise CheckpointError(f"unexpected key {key!r} in MTP weight file {file}")

@@ -383,8 +383,10 @@ def _write_tokenizer(meta: dict[str, Any], out: Path) -> None:
 
     try:  # transformers >= 5
         from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
-    except ImportError:  # transformers 4.x
-        from transformers.integrations.ggml import convert_gguf_tokenizer
+    except ImportError:  # transformers 4.x (the checker sees 5.x, where this is gone)
+        from transformers.integrations.ggml import (  # type: ignore[attr-defined,no-redef]
+            convert_gguf_tokenizer,
+        )
         from transformers.modeling_gguf_pytorch_utils import GGUF_TOKENIZER_MAPPING
 
     # Same renaming transformers applies when it reads a GGUF itself (that path needs torch).

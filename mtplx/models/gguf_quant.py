@@ -40,13 +40,14 @@ def to_mlx_affine(
     """
     if qtype not in MLX_BITS:
         return None
-    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1)
+    # Annotated wide: the byte view changes rank as it is split into blocks.
+    blocks: np.ndarray = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1)
     if qtype == GGMLQuantizationType.Q8_0:
         blocks = blocks.reshape(rows, -1, 2 + 32)
         d = _f16(blocks[..., :2])
         q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
         scales, biases = d, -128.0 * d
-        packed = q.reshape(rows, -1)  # one byte per weight already in order
+        packed: np.ndarray = q.reshape(rows, -1)  # one byte per weight already in order
     else:
         head = 4 if qtype == GGMLQuantizationType.Q4_1 else 2
         blocks = blocks.reshape(rows, -1, head + 16)

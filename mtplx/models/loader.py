@@ -30,6 +30,7 @@ from mtplx.models.quantized import (
     serve_quantized,
     weights_format,
 )
+from mtplx.models.stages import keep_stage
 from mtplx.models.target import MLXTarget, Trunk
 from mtplx.models.weights import settle_dtypes
 
@@ -121,7 +122,7 @@ def load(
     ``mtp_weights``: a separate MTP weight file or directory (default: the checkpoint's own
     mtp*.safetensors). Every MTP tensor must be consumed by a head: a missing or unexpected
     one raises ``MTPWeightError`` naming the key. ``stage`` (rank, number of ranks): keep
-    only that pipeline stage's decoder layers (``mtplx.distributed``); the others are
+    only that pipeline stage's decoder layers (``mtplx.models.stages``); the others are
     never read.
     """
     from mlx_lm.utils import load_tokenizer
@@ -142,8 +143,6 @@ def load(
 
     trunk = Trunk.of(mlx_model, arch)
     if stage is not None:
-        from mtplx.distributed import keep_stage
-
         keep_stage(trunk, *stage)
     cpu = mx.default_device() == mx.cpu
     if dequantize is None:

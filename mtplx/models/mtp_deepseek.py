@@ -15,6 +15,7 @@ checkpoint does); they are used when present, else the target's are shared.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -65,6 +66,10 @@ class DeepseekMTPHead:
     def make_cache(self) -> list[Any]:
         """One KV cache (MLA latent + rope key) for the module's block."""
         return [KVCache()]
+
+    def make_lazy_cache(self) -> None:
+        """None: the block reads its cache in ways a lazy cache does not model."""
+        return None
 
     def __call__(
         self, hidden: mx.array, next_tokens: mx.array, cache: list[Any]
@@ -120,7 +125,7 @@ def build_deepseek_v3_heads(
             )
         match = re.match(r"^model\.layers\.(\d+)\.(.+)$", key)
         index = int(match.group(1)) - first if match else -1
-        if not 0 <= index < max(count, 1) or (count == 0):
+        if match is None or not 0 <= index < max(count, 1) or (count == 0):
             raise MTPWeightError(
                 f"unexpected MTP weight {key!r} in {tensors.where(key)}: the config declares "
                 f"num_nextn_predict_layers={count}"
@@ -147,9 +152,14 @@ def build_deepseek_v3_heads(
         load_checked(
             module,
             local,
-            key_of=lambda n, p=prefix, nm=names: nm.get(n, p + n.removeprefix("block.")),
+            key_of=functools.partial(_checkpoint_key, names, prefix),
             where=tensors.where,
         )
         module.eval()
         heads.append(DeepseekMTPHead(module, trunk))
     return heads
+
+
+def _checkpoint_key(names: dict[str, str], prefix: str, name: str) -> str:
+    """The checkpoint key a module parameter was loaded from (for error messages)."""
+    return names.get(name, prefix + name.removeprefix("block."))

@@ -16,6 +16,7 @@ One step at position i::
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -72,6 +73,10 @@ class DeepseekV4MTPHead:
         from mlx_lm.models.deepseek_v41 import LayerCache
 
         return [LayerCache(int(self.trunk.args.sliding_window))]
+
+    def make_lazy_cache(self) -> None:
+        """None: the block reads its cache in ways a lazy cache does not model."""
+        return None
 
     def __call__(
         self, hidden: mx.array, next_tokens: mx.array, cache: list[Any]
@@ -139,16 +144,23 @@ def build_deepseek_v4_heads(
                 block_raw[f"layers.{first + index}.{name}"] = tensors.arrays[key]
         # mlx-lm's own sanitize renames and stacks the block's tensors (published naming).
         prefix = f"model.layers.{first + index}."
-        for name, value in V41Model.sanitize(trunk.model, block_raw).items():
+        # sanitize reads only the model's args: the trunk's own model stands in for V41Model.
+        sanitized = V41Model.sanitize(trunk.model, block_raw)  # type: ignore[arg-type]
+        for name, value in sanitized.items():
             local_name = "block." + name.removeprefix(prefix)
             local[local_name], names[local_name] = value, f"mtp.{index}.{name.removeprefix(prefix)}"
         module = DeepseekV4MTPModule(trunk, first + index)
         load_checked(
             module,
             local,
-            key_of=lambda n, i=index, nm=names: nm.get(n, f"mtp.{i}.{n.removeprefix('block.')}"),
+            key_of=functools.partial(_checkpoint_key, names, index),
             where=tensors.where,
         )
         module.eval()
         heads.append(DeepseekV4MTPHead(module, trunk))
     return heads
+
+
+def _checkpoint_key(names: dict[str, str], index: int, name: str) -> str:
+    """The checkpoint key a module parameter was loaded from (for error messages)."""
+    return names.get(name, f"mtp.{index}.{name.removeprefix('block.')}")

@@ -67,6 +67,8 @@ class PerRowTarget:
 
     max_packed_rows = 0  # prompts are prefilled alone, in fixed chunks
     max_prefill_tokens = 0
+    # Rows are rolled back after their verdicts are read: cycles are not run one step ahead.
+    trims_lazily = False
 
     def __init__(self, target: TargetModel) -> None:
         self.target = target
@@ -125,6 +127,12 @@ class PerRowTarget:
     def unevaluated(self) -> list[mx.array]:
         """Nothing: every cache update feeds the outputs."""
         return []
+
+    def trim_lazily(self, row: CacheRow, num_tokens: mx.array) -> None:
+        raise NotImplementedError("per-row targets trim only by read counts (trims_lazily)")
+
+    def settle(self, row: CacheRow) -> int:
+        raise NotImplementedError("per-row targets trim only by read counts (trims_lazily)")
 
     def save_block(
         self, row: CacheRow, start: int, end: int, hidden: mx.array | None = None

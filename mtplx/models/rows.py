@@ -9,6 +9,8 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
+from mtplx.prefix_cache import BlockState
+
 
 class Row(Protocol):
     """One sequence's target state inside a batched target."""
@@ -22,6 +24,12 @@ class RowOutput:
 
     logits: mx.array | None  # [T_i, V], [1, V] (the last position) or None, as asked
     hidden: mx.array  # [T_i, H] post-norm hidden states
+
+    def asked_logits(self) -> mx.array:
+        """The logits of a forward that asked for them (verify and plain rows always do)."""
+        if self.logits is None:
+            raise ValueError("this row's forward did not ask for logits")
+        return self.logits
 
 
 class BatchedTarget(Protocol):
@@ -74,6 +82,33 @@ class BatchedTarget(Protocol):
     def unevaluated(self) -> list[mx.array]:
         """State the last forward updated that no output depends on: evaluate it with the
         outputs."""
+        ...
+
+    # Lazy trims: drop rejected draft positions by a count still computing, so a drafting
+    # cycle can run one step ahead (False: only ``trim``; the two methods are never called).
+    trims_lazily: bool
+
+    def trim_lazily(self, row: Row, num_tokens: mx.array) -> None:
+        """``trim`` by a count still computing ([] int32); ``settle`` applies it."""
+        ...
+
+    def settle(self, row: Row) -> int:
+        """Read the row's oldest lazy trim and apply it; returns the count."""
+        ...
+
+    # Prefix-cache blocks: copies of a row's states that another row can resume from
+    # (False: the layer caches cannot be saved; the two methods are never called).
+    saves_blocks: bool
+
+    def save_block(
+        self, row: Row, start: int, end: int, hidden: mx.array | None = None
+    ) -> BlockState | None:
+        """A copy of the row's states at positions [start, end); ``hidden``: their hidden
+        states when the target does not keep them. None: nothing saved."""
+        ...
+
+    def load_blocks(self, row: Row, states: Sequence[Any]) -> mx.array:
+        """Append saved blocks to the row; returns their hidden states [sum B, H]."""
         ...
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -102,9 +103,15 @@ def settle_dtypes(module: nn.Module, *, dequantize: bool, to_float32: bool) -> N
     if to_float32:
         casts = [
             (name, value.astype(mx.float32))
-            for name, value in tree_flatten(module.parameters())
+            for name, value in _parameters(module)
             if value.dtype in (mx.bfloat16, mx.float16)
         ]
         if casts:
             module.update(tree_unflatten(casts))
     mx.eval(module.parameters())
+
+
+def _parameters(module: nn.Module) -> list[tuple[str, mx.array]]:
+    """(dotted name, array) of every parameter (``tree_flatten`` without a destination
+    returns this list; its stub also allows the dict form it fills when given one)."""
+    return cast(list[tuple[str, mx.array]], tree_flatten(module.parameters()))

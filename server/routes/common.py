@@ -14,8 +14,8 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 
 from mtplx.request import GenerationStats
-from mtplx.scheduler import SchedulerError, Ticket
 from server.context import AppContext
+from server.engine_bridge import BridgeError, Ticket
 from server.errors import APIError
 from server.generation import (
     ChoiceResult,
@@ -107,7 +107,7 @@ async def start_chat(
     the tool plan or the request's own grammar, admission."""
     prompt, plan = await chat_prompt_for(ctx, body, continue_final=continue_final)
     requests = build_requests(body, [prompt], ctx.engine(), ctx.settings, reply_grammar(body, plan))
-    return prompt, plan, await submit(ctx.scheduler, requests, aliases_for(body))
+    return prompt, plan, await submit(ctx.bridge, requests, aliases_for(body))
 
 
 def new_id(prefix: str) -> str:
@@ -165,7 +165,7 @@ async def respond(
     except ClientDisconnected:
         request.state.disconnected = True
         return Response(status_code=499)
-    except SchedulerError as exc:
+    except BridgeError as exc:
         raise error_for(exc) from exc
     stats = [r.stats for r in results if r.stats is not None]
     done(stats)

@@ -104,7 +104,7 @@ async def completions(request: Request) -> Response:
         completion_prompts, engine.tokenizer, body.prompt
     )
     requests = build_requests(body, prompts, engine, ctx.settings)
-    ticket = await submit(ctx.scheduler, requests, aliases_for(body))
+    ticket = await submit(ctx.bridge, requests, aliases_for(body))
     model = ctx.model_id()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     # Choice k answers prompt k // n; echo repeats that prompt's text.

@@ -64,7 +64,7 @@ async def health(request: Request) -> JSONResponse:
     """200 when serving; 503 while the model loads, after it failed to, or when the engine
     holds rows for no request (it could not admit what it should)."""
     ctx = get_context(request)
-    stats = ctx.scheduler.stats()
+    stats = ctx.bridge.stats()
     body: dict[str, Any] = {
         "status": {"ready": "ok", "failed": "error"}.get(stats.state, stats.state),
         "uptime_s": round(time.time() - ctx.started_at, 3),
@@ -77,12 +77,12 @@ async def health(request: Request) -> JSONResponse:
         },
         "blas": _blas(ctx),
     }
-    orphan_rows = ctx.scheduler.orphan_rows
+    orphan_rows = ctx.bridge.orphan_rows
     if stats.state == "ready" and orphan_rows:
         body["status"] = "error"
         body["error"] = f"{orphan_rows} batch rows are held by no request"
     elif stats.state == "ready":
-        engine = ctx.scheduler.engine
+        engine = ctx.bridge.engine
         body.update(
             model=ctx.model_id(),
             drafter=engine.default_drafter,
@@ -94,7 +94,7 @@ async def health(request: Request) -> JSONResponse:
         weights = getattr(getattr(engine, "model", None), "weights", None)
         if isinstance(weights, str):
             body["weights"] = weights
-        cache = ctx.scheduler.prefix_cache
+        cache = ctx.bridge.prefix_cache
         if cache is not None:
             body["prefix_cache"] = {
                 "bytes": cache.num_bytes,
@@ -103,7 +103,7 @@ async def health(request: Request) -> JSONResponse:
             }
         return JSONResponse(body)
     if stats.state == "failed":
-        body["error"] = str(getattr(ctx.scheduler, "failure", None) or ctx.scheduler.load_error)
+        body["error"] = str(getattr(ctx.bridge, "failure", None) or ctx.bridge.load_error)
     return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
 
 

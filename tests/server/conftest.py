@@ -1,4 +1,4 @@
-"""Fixtures for in-process server tests: an app around the fake engine with its scheduler
+"""Fixtures for in-process server tests: an app around the fake engine with its bridge
 running, and an httpx client on ASGITransport; a tiny real checkpoint (llama + MTP head,
 untied LM head so its output varies) and the real engine on it."""
 
@@ -12,8 +12,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from mtplx.scheduler import Scheduler
 from server.app import create_app
+from server.engine_bridge import EngineBridge
 from server.settings import ServerSettings
 from tests.fake_engine import FakeEngine
 from tests.fixtures.checkpoints import build_checkpoint
@@ -27,21 +27,21 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def make_app() -> Any:
-    """``make_app(engine=None, **settings) -> FastAPI`` with the scheduler started (the
+    """``make_app(engine=None, **settings) -> FastAPI`` with the bridge started (the
     ASGI transport does not run the lifespan)."""
-    schedulers: list[Scheduler] = []
+    bridges: list[EngineBridge] = []
 
     def factory(engine: Any = None, **settings: Any) -> FastAPI:
         app = create_app(engine if engine is not None else FakeEngine(), ServerSettings(**settings))
-        scheduler = app.state.ctx.scheduler
-        scheduler.start()
-        scheduler.wait_ready(5)
-        schedulers.append(scheduler)
+        bridge = app.state.ctx.bridge
+        bridge.start()
+        bridge.wait_ready(5)
+        bridges.append(bridge)
         return app
 
     yield factory
-    for scheduler in schedulers:
-        scheduler.stop()
+    for bridge in bridges:
+        bridge.stop()
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def real_engine(tiny_checkpoint: Path) -> Any:
     """The real engine on ``tiny_checkpoint`` with every drafter (a 1-layer layer-skip draft
-    model). Shared by the tests: only one scheduler thread uses it at a time."""
+    model). Shared by the tests: only one bridge thread uses it at a time."""
     from mtplx.engine import Engine
     from mtplx.models import load, make_layer_skip_draft
 

@@ -25,8 +25,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from mtplx.scheduler import Scheduler
 from server.app import create_app
+from server.engine_bridge import EngineBridge
 from server.settings import ServerSettings
 from tests.fake_engine import FakeEngine, ScriptedEngine
 from tests.server.live import free_port
@@ -65,9 +65,9 @@ class Served:
                 loaded.wait(20)
                 return self.engine
 
-            engine = Scheduler(factory)
+            engine = EngineBridge(factory)
         app = create_app(engine, ServerSettings(api_key=api_key))
-        self.scheduler = app.state.ctx.scheduler
+        self.bridge = app.state.ctx.bridge
         port = free_port()
         self.url = f"http://127.0.0.1:{port}/"
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
@@ -214,7 +214,7 @@ def test_stop_button_aborts_the_stream(browser):
         assert browser.find_element(By.ID, "send").is_displayed()
         # The server let the request go (the engine closed it) well before 3000 tokens.
         deadline = time.monotonic() + 5
-        while served.scheduler.stats().cancelled < 1:
+        while served.bridge.stats().cancelled < 1:
             assert time.monotonic() < deadline, "the stopped request was not cancelled"
             time.sleep(0.02)
         assert page_errors(browser) == []

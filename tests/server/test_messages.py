@@ -293,12 +293,12 @@ async def test_transport_level_errors_take_anthropic_shape_under_messages(make_a
 async def test_full_queue_is_a_rate_limit_error(make_app):
     engine = FakeEngine(token_delay=0.02, max_num_seqs=1)
     app = make_app(engine, max_queue=1)
-    scheduler = app.state.ctx.scheduler
+    bridge = app.state.ctx.bridge
     running = ASGICall(app, MESSAGES, body("a", stream=True, max_tokens=1000))
     await running.start()
-    await wait_until(lambda: scheduler.active == 1)
+    await wait_until(lambda: bridge.active == 1)
     waiting = ASGICall(app, MESSAGES, body("b", max_tokens=3))
-    await wait_until(lambda: scheduler.queue_depth == 1)
+    await wait_until(lambda: bridge.queue_depth == 1)
     refused = ASGICall(app, MESSAGES, body("c", max_tokens=3))
     assert await refused.start() == 429
     assert int(refused.headers["retry-after"]) >= 1
@@ -329,8 +329,8 @@ async def test_loading_model_is_overloaded_error_then_served():
 
     import httpx
 
-    from mtplx.scheduler import Scheduler
     from server.app import create_app
+    from server.engine_bridge import EngineBridge
 
     gate = threading.Event()
 
@@ -338,9 +338,9 @@ async def test_loading_model_is_overloaded_error_then_served():
         gate.wait(5)
         return FakeEngine()
 
-    scheduler = Scheduler(factory)
-    app = create_app(scheduler)
-    scheduler.start()
+    bridge = EngineBridge(factory)
+    app = create_app(bridge)
+    bridge.start()
     try:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
@@ -350,11 +350,11 @@ async def test_loading_model_is_overloaded_error_then_served():
             r = await c.post(COUNT, json={"model": MODEL, "messages": USER})
             assert_anthropic_error(r, 503, "overloaded_error")
             gate.set()
-            assert scheduler.wait_ready(5)
+            assert bridge.wait_ready(5)
             assert (await c.post(MESSAGES, json=body(max_tokens=2))).status_code == 200
     finally:
         gate.set()
-        scheduler.stop()
+        bridge.stop()
 
 
 def test_usage_counts_prefix_cache_reads_as_anthropic_does():

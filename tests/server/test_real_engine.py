@@ -47,10 +47,10 @@ def chat_ids(engine: Any, content: str) -> list[int]:
 
 
 async def engine_run(app: Any, request: GenerationRequest) -> tuple[str, list[int], FinishEvent]:
-    """``engine.generate(request)`` on the scheduler's engine thread (the thread that owns
+    """``engine.generate(request)`` on the bridge's engine thread (the thread that owns
     MLX), unformatted: (token texts + the finish tail, token ids, finish event)."""
     text, ids, finish = "", [], None
-    async with app.state.ctx.scheduler.submit(request) as ticket:
+    async with app.state.ctx.bridge.submit(request) as ticket:
         async for _, event in ticket:
             text += event.text
             if isinstance(event, TokenEvent):
@@ -202,8 +202,8 @@ async def test_sixteen_concurrent_greedy_streams_match_their_solo_runs(app, real
 
 
 async def test_disconnect_mid_stream_frees_the_engine_within_a_cycle(app, client):
-    scheduler = app.state.ctx.scheduler
-    before = scheduler.stats().cancelled
+    bridge = app.state.ctx.bridge
+    before = bridge.stats().cancelled
     # ignore_eos: an unseeded sample of the fixture model may draw EOS within 4 chunks.
     body = chat("go on forever", max_tokens=3000, stream=True, ignore_eos=True)
     call = ASGICall(app, CHAT, body)
@@ -213,14 +213,14 @@ async def test_disconnect_mid_stream_frees_the_engine_within_a_cycle(app, client
         seen += 1
         if seen == 4:
             break
-    assert scheduler.active == 1
+    assert bridge.active == 1
     started = time.monotonic()
     await call.disconnect()
-    await wait_until(lambda: scheduler.active == 0, timeout=2.0)
+    await wait_until(lambda: bridge.active == 0, timeout=2.0)
     r = await client.post(CHAT, json=chat("next", max_tokens=2))
     assert r.status_code == 200
     assert time.monotonic() - started < 2.0  # far less than 3000 tokens would take
-    assert scheduler.stats().cancelled == before + 1
+    assert bridge.stats().cancelled == before + 1
 
 
 async def test_mtplx_extension_ngram_depth_3(app, client, real_engine):

@@ -493,7 +493,7 @@ async def raw_reply(app: Any, engine: Any, max_tokens: int, **template: Any) -> 
     ids = engine.tokenizer.apply_chat_template(USER, add_generation_prompt=True, **template)
     request = GenerationRequest([int(t) for t in ids], GREEDY, max_tokens=max_tokens)
     text = ""
-    async with app.state.ctx.scheduler.submit(request) as ticket:
+    async with app.state.ctx.bridge.submit(request) as ticket:
         async for _, event in ticket:
             assert isinstance(event, TokenEvent | FinishEvent)
             text += event.text
@@ -502,7 +502,7 @@ async def raw_reply(app: Any, engine: Any, max_tokens: int, **template: Any) -> 
 
 @pytest.mark.anyio
 async def test_real_checkpoint_splits_its_thinking_in_every_api(real_app, real_client):
-    engine = real_app.state.ctx.scheduler.engine
+    engine = real_app.state.ctx.bridge.engine
     raw = await raw_reply(real_app, engine, 16)
     # The prompt opened the thinking; the fixture's greedy reply closes it mid-way.
     thought, closes, answer = raw.partition("</think>")
@@ -540,7 +540,7 @@ async def test_real_checkpoint_splits_its_thinking_in_every_api(real_app, real_c
 
 @pytest.mark.anyio
 async def test_real_checkpoint_enable_thinking_false_reaches_the_template(real_app, real_client):
-    engine = real_app.state.ctx.scheduler.engine
+    engine = real_app.state.ctx.bridge.engine
     off = {"enable_thinking": False}
     ids = engine.tokenizer.apply_chat_template(USER, add_generation_prompt=True, **off)
     assert ids[-3:-1] == [THINK_END_ID, ids[-1]]  # </think>, then the blank line

@@ -32,8 +32,8 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from mtplx.scheduler import Scheduler
 from server.app import create_app
+from server.engine_bridge import EngineBridge
 from server.settings import ServerSettings
 from tests.fake_engine import FakeEngine
 from tests.server.live import ROOT, free_port, live_servers
@@ -308,7 +308,7 @@ def loading_replica() -> Iterator[tuple[str, threading.Event]]:
         return FakeEngine()
 
     settings = ServerSettings(api_key=KEY, served_model_name=MODEL)
-    app = create_app(Scheduler(factory), settings)
+    app = create_app(EngineBridge(factory), settings)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")

@@ -91,7 +91,7 @@ async def test_tokens_leave_as_soon_as_the_engine_yields_them(make_app):
 async def test_disconnect_frees_the_engine_within_one_cycle(make_app, stream):
     engine = FakeEngine(token_delay=0.02)
     app = make_app(engine)
-    scheduler = app.state.ctx.scheduler
+    bridge = app.state.ctx.bridge
     call = ASGICall(app, CHAT, chat_body("long", stream=stream, max_tokens=3000))
     if stream:
         assert await call.start() == 200
@@ -101,7 +101,7 @@ async def test_disconnect_frees_the_engine_within_one_cycle(make_app, stream):
             if received == 3:
                 break
     else:
-        await wait_until(lambda: scheduler.active == 1 and engine.log)
+        await wait_until(lambda: bridge.active == 1 and engine.log)
         await asyncio.sleep(0.05)
     await call.disconnect()
     started = time.monotonic()
@@ -109,18 +109,18 @@ async def test_disconnect_frees_the_engine_within_one_cycle(make_app, stream):
     text, _ = await stream_text(app, CHAT, chat_body("next", stream=True, max_tokens=6))
     assert time.monotonic() - started < 0.6  # not 3000 tokens x 20 ms
     assert text
-    assert scheduler.stats().cancelled == 1
+    assert bridge.stats().cancelled == 1
 
 
 async def test_full_queue_returns_429_with_retry_after(make_app):
     engine = FakeEngine(token_delay=0.02, max_num_seqs=1)
     app = make_app(engine, max_queue=1)
-    scheduler = app.state.ctx.scheduler
+    bridge = app.state.ctx.bridge
     running = ASGICall(app, CHAT, chat_body("a", stream=True, max_tokens=1000))
     await running.start()
-    await wait_until(lambda: scheduler.active == 1)
+    await wait_until(lambda: bridge.active == 1)
     waiting = ASGICall(app, CHAT, chat_body("b", max_tokens=5))
-    await wait_until(lambda: scheduler.queue_depth == 1)
+    await wait_until(lambda: bridge.queue_depth == 1)
     refused = ASGICall(app, CHAT, chat_body("c", max_tokens=5))
     assert await refused.start() == 429
     assert int(refused.headers["retry-after"]) >= 1

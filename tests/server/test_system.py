@@ -9,7 +9,7 @@ import threading
 import httpx
 import pytest
 
-from mtplx.scheduler import Scheduler
+from server.engine_bridge import EngineBridge
 from tests.fake_engine import FakeEngine
 from tests.server.helpers import MODEL, chat_body
 
@@ -80,11 +80,11 @@ async def test_loading_is_503_then_ready(make_app):
         gate.wait(5)
         return FakeEngine()
 
-    scheduler = Scheduler(factory)
+    bridge = EngineBridge(factory)
     from server.app import create_app
 
-    app = create_app(scheduler)
-    scheduler.start()
+    app = create_app(bridge)
+    bridge.start()
     try:
         async with _client(app) as c:
             r = await c.get("/health")
@@ -95,25 +95,25 @@ async def test_loading_is_503_then_ready(make_app):
             assert r.headers["retry-after"] == "5"
             assert (await c.get("/v1/models")).status_code == 503
             gate.set()
-            assert scheduler.wait_ready(5)
+            assert bridge.wait_ready(5)
             assert (await c.get("/health")).status_code == 200
             r = await c.post("/v1/chat/completions", json=chat_body(max_tokens=2))
             assert r.status_code == 200
     finally:
         gate.set()
-        scheduler.stop()
+        bridge.stop()
 
 
 async def test_failed_load_is_503_with_the_error(make_app):
     def factory():
         raise FileNotFoundError("checkpoint missing")
 
-    scheduler = Scheduler(factory)
+    bridge = EngineBridge(factory)
     from server.app import create_app
 
-    app = create_app(scheduler)
-    scheduler.start()
-    scheduler.wait_ready(5)
+    app = create_app(bridge)
+    bridge.start()
+    bridge.wait_ready(5)
     async with _client(app) as c:
         r = await c.get("/health")
         assert r.status_code == 503
@@ -228,7 +228,7 @@ async def test_a_disconnected_stream_is_499_and_its_sent_tokens_count(make_app):
         if received == 5:
             break
     await call.disconnect()
-    await wait_until(lambda: app.state.ctx.scheduler.active == 0)
+    await wait_until(lambda: app.state.ctx.bridge.active == 0)
     async with _client(app) as c:
         text = (await c.get("/metrics")).text
     assert 'mtplx_requests_total{endpoint="/v1/chat/completions",status="499"} 1.0' in text
@@ -242,7 +242,7 @@ async def test_a_disconnected_stream_is_499_and_its_sent_tokens_count(make_app):
 
 async def test_requests_while_draining_say_shutting_down_not_loading(make_app):
     app = make_app(FakeEngine())
-    app.state.ctx.scheduler.drain(30).join(5)  # nothing in flight: drained, then stopped
+    app.state.ctx.bridge.drain(30).join(5)  # nothing in flight: drained, then stopped
     async with _client(app) as c:
         for path, body in (("/v1/chat/completions", chat_body()), ("/v1/models", None)):
             r = await (c.post(path, json=body) if body else c.get(path))

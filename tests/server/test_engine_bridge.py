@@ -1,4 +1,4 @@
-"""The scheduler: one engine thread, FIFO tickets, bounded queue, cancellation, timeouts and
+"""The bridge: one engine thread, FIFO tickets, bounded queue, cancellation, timeouts and
 failure isolation, driven from asyncio with the deterministic fake engine."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import pytest
 
 from mtplx.request import FinishEvent, GenerationRequest
 from mtplx.sampling import SamplerConfig
-from mtplx.scheduler import (
+from server.engine_bridge import (
+    EngineBridge,
     EngineNotReady,
     GenerationFailed,
     QueueFull,
     RequestTimeout,
-    Scheduler,
 )
 from tests.fake_engine import FakeEngine
 
@@ -35,8 +35,8 @@ def engine() -> FakeEngine:
 
 
 @pytest.fixture
-def scheduler(engine: FakeEngine):
-    sched = Scheduler.from_engine(engine, max_queue=4, request_timeout=10.0)
+def bridge(engine: FakeEngine):
+    sched = EngineBridge.from_engine(engine, max_queue=4, request_timeout=10.0)
     sched.start()
     assert sched.wait_ready(5)
     yield sched
@@ -60,25 +60,25 @@ async def _wait_for(predicate, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def test_single_request_yields_tokens_then_finish(scheduler, engine):
+def test_single_request_yields_tokens_then_finish(bridge, engine):
     request = _request("hi", max_tokens=12)
 
     async def main():
-        return await _collect(scheduler.submit(request))
+        return await _collect(bridge.submit(request))
 
     text, reason = asyncio.run(main())
     assert text == engine.expected_text(request)
     assert reason == "length"
-    assert scheduler.stats().completed == 1
+    assert bridge.stats().completed == 1
 
 
-def test_multi_request_ticket_runs_its_choices_as_rows_of_one_batch(scheduler, engine):
+def test_multi_request_ticket_runs_its_choices_as_rows_of_one_batch(bridge, engine):
     requests = [_request("a", seed=1), _request("b", seed=2)]
 
     async def main():
         seen: dict[int, list] = {0: [], 1: []}
         order = []
-        async for index, event in scheduler.submit(requests):
+        async for index, event in bridge.submit(requests):
             seen[index].append(event)
             order.append(index)
         return seen, order
@@ -92,7 +92,7 @@ def test_multi_request_ticket_runs_its_choices_as_rows_of_one_batch(scheduler, e
 
 def test_tickets_start_fifo_and_share_steps_up_to_max_num_seqs():
     engine = FakeEngine(max_num_seqs=3, token_delay=0.002)
-    sched = Scheduler.from_engine(engine, max_queue=16)
+    sched = EngineBridge.from_engine(engine, max_queue=16)
     sched.start()
 
     async def main():
@@ -114,7 +114,7 @@ def test_tickets_start_fifo_and_share_steps_up_to_max_num_seqs():
 
 def test_a_new_request_joins_the_running_batch_at_the_next_step():
     engine = FakeEngine(max_num_seqs=4, token_delay=0.01)
-    sched = Scheduler.from_engine(engine)
+    sched = EngineBridge.from_engine(engine)
     sched.start()
 
     async def main():
@@ -140,7 +140,7 @@ def test_engine_runs_on_the_worker_thread_that_built_it():
         threads["load"] = threading.current_thread()
         return FakeEngine()
 
-    sched = Scheduler(factory)
+    sched = EngineBridge(factory)
     sched.start()
     assert sched.wait_ready(5)
 
@@ -155,7 +155,7 @@ def test_engine_runs_on_the_worker_thread_that_built_it():
 
 def test_full_queue_raises_queue_full_with_retry_after():
     engine = FakeEngine(max_num_seqs=1, token_delay=0.01)
-    sched = Scheduler.from_engine(engine, max_queue=2)
+    sched = EngineBridge.from_engine(engine, max_queue=2)
     sched.start()
 
     async def main():
@@ -181,7 +181,7 @@ def test_requests_waiting_for_the_grammar_thread_are_bounded_by_the_queue():
     engine = FakeEngine()
     release = threading.Event()
     engine.prepare = lambda request: release.wait(10)  # a grammar that compiles slowly
-    sched = Scheduler.from_engine(engine, max_queue=2)
+    sched = EngineBridge.from_engine(engine, max_queue=2)
     sched.start()
     constrained = GenerationRequest(list(b"x"), grammar=GrammarSpec("regex", "a+"))
 
@@ -201,7 +201,7 @@ def test_requests_waiting_for_the_grammar_thread_are_bounded_by_the_queue():
 
 def test_cancel_running_ticket_frees_engine_within_one_cycle(engine):
     engine.token_delay = 0.02
-    sched = Scheduler.from_engine(engine)
+    sched = EngineBridge.from_engine(engine)
     sched.start()
 
     async def main():
@@ -222,7 +222,7 @@ def test_cancel_running_ticket_frees_engine_within_one_cycle(engine):
 
 def test_cancel_waiting_ticket_leaves_the_queue():
     engine = FakeEngine(max_num_seqs=1, token_delay=0.01)
-    sched = Scheduler.from_engine(engine)
+    sched = EngineBridge.from_engine(engine)
     sched.start()
 
     async def main():
@@ -241,21 +241,21 @@ def test_cancel_waiting_ticket_leaves_the_queue():
     assert ("start", "waiting") not in engine.log
 
 
-def test_failure_is_delivered_to_that_ticket_only(scheduler, engine):
+def test_failure_is_delivered_to_that_ticket_only(bridge, engine):
     async def main():
         with pytest.raises(GenerationFailed) as info:
-            await _collect(scheduler.submit(_request("[[fail]]")))
+            await _collect(bridge.submit(_request("[[fail]]")))
         assert isinstance(info.value.__cause__, RuntimeError)
-        return await _collect(scheduler.submit(_request("after")))
+        return await _collect(bridge.submit(_request("after")))
 
     text, reason = asyncio.run(main())
     assert text == engine.expected_text(_request("after")) and reason == "length"
-    assert scheduler.stats().failed == 1
+    assert bridge.stats().failed == 1
 
 
 def test_timeout_stops_the_request(engine):
     engine.token_delay = 0.01
-    sched = Scheduler.from_engine(engine, request_timeout=0.1)
+    sched = EngineBridge.from_engine(engine, request_timeout=0.1)
     sched.start()
 
     async def main():
@@ -267,11 +267,11 @@ def test_timeout_stops_the_request(engine):
     sched.stop()
 
 
-def test_validate_errors_raise_before_queueing(scheduler):
+def test_validate_errors_raise_before_queueing(bridge):
     async def main():
         with pytest.raises(ValueError, match="context length"):
-            scheduler.submit(_request("x" * 5000))
-        assert scheduler.queue_depth == 0
+            bridge.submit(_request("x" * 5000))
+        assert bridge.queue_depth == 0
 
     asyncio.run(main())
 
@@ -283,7 +283,7 @@ def test_loading_then_ready_and_load_failure():
         gate.wait(5)
         return FakeEngine()
 
-    sched = Scheduler(slow_factory)
+    sched = EngineBridge(slow_factory)
     sched.start()
 
     with pytest.raises(EngineNotReady) as info:
@@ -296,7 +296,7 @@ def test_loading_then_ready_and_load_failure():
     def broken():
         raise OSError("no such checkpoint")
 
-    failed = Scheduler(broken)
+    failed = EngineBridge(broken)
     failed.start()
     assert not failed.wait_ready(5)
     assert failed.state == "failed"
@@ -304,13 +304,13 @@ def test_loading_then_ready_and_load_failure():
         asyncio.run(_submit(failed))
 
 
-async def _submit(sched: Scheduler):
+async def _submit(sched: EngineBridge):
     return sched.submit(_request("x"))
 
 
 def test_stop_fails_waiting_and_running_tickets():
     engine = FakeEngine(max_num_seqs=1, token_delay=0.01)
-    sched = Scheduler.from_engine(engine)
+    sched = EngineBridge.from_engine(engine)
     sched.start()
 
     async def main():
@@ -328,7 +328,7 @@ def test_stop_fails_waiting_and_running_tickets():
 
 def test_idle_engine_admits_a_burst_up_to_capacity():
     engine = FakeEngine(max_num_seqs=2, token_delay=0.005)
-    sched = Scheduler.from_engine(engine, max_queue=1)
+    sched = EngineBridge.from_engine(engine, max_queue=1)
     sched.start()
 
     async def main():
@@ -345,7 +345,7 @@ def test_idle_engine_admits_a_burst_up_to_capacity():
 
 def test_drain_lets_running_tickets_finish_and_refuses_new_ones():
     engine = FakeEngine(max_num_seqs=2, token_delay=0.005)
-    sched = Scheduler.from_engine(engine)
+    sched = EngineBridge.from_engine(engine)
     sched.start()
 
     async def main():
@@ -370,7 +370,7 @@ def test_drain_lets_running_tickets_finish_and_refuses_new_ones():
 
 def test_a_reader_that_stops_reading_is_cancelled():
     engine = FakeEngine(max_num_seqs=2, token_delay=0.0)
-    sched = Scheduler.from_engine(engine, max_backlog=50)
+    sched = EngineBridge.from_engine(engine, max_backlog=50)
     sched.start()
 
     async def main():
@@ -397,7 +397,7 @@ def test_fail_ends_running_and_waiting_tickets_and_refuses_new_ones():
             return super().step()
 
     engine = StuckEngine(max_num_seqs=1)
-    sched = Scheduler.from_engine(engine, max_queue=4, request_timeout=10.0)
+    sched = EngineBridge.from_engine(engine, max_queue=4, request_timeout=10.0)
     sched.start()
     assert sched.wait_ready(5)
     failure = EngineNotReady("a pipeline rank was lost")
@@ -425,7 +425,7 @@ def test_fail_ends_running_and_waiting_tickets_and_refuses_new_ones():
 
 def test_retry_after_counts_the_batches_the_waiting_tickets_need():
     engine = FakeEngine(max_num_seqs=2, token_delay=0.01)
-    sched = Scheduler.from_engine(engine, max_queue=4)
+    sched = EngineBridge.from_engine(engine, max_queue=4)
     sched.start()
 
     async def main():

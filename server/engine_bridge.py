@@ -1,4 +1,4 @@
-"""Async facade over the one engine thread, with continuous batching.
+"""The engine bridge: the asyncio facade over the one engine thread, with continuous batching.
 
 MLX work stays on one thread (docs/architecture.md): a dedicated worker thread owns the engine:
 it builds it (``engine_factory`` runs on that thread, so loading and generating share it),
@@ -32,14 +32,14 @@ from mtplx.prefix_cache import PrefixCacheStats
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
 
 __all__ = [
+    "BridgeError",
+    "BridgeStats",
+    "EngineBridge",
     "EngineLike",
     "EngineNotReady",
     "GenerationFailed",
     "QueueFull",
     "RequestTimeout",
-    "Scheduler",
-    "SchedulerError",
-    "SchedulerStats",
     "ShuttingDown",
     "Ticket",
 ]
@@ -50,7 +50,7 @@ Event = TokenEvent | FinishEvent
 
 
 class EngineLike(Protocol):
-    """The part of ``mtplx.engine.Engine`` the scheduler and the server use."""
+    """The part of ``mtplx.engine.Engine`` the bridge and the server use."""
 
     tokenizer: Any
     model_name: str
@@ -82,11 +82,11 @@ class EngineLike(Protocol):
     def token_text(self, token_id: int) -> str: ...
 
 
-class SchedulerError(Exception):
+class BridgeError(Exception):
     """Base of the errors a ticket can raise on the asyncio side."""
 
 
-class QueueFull(SchedulerError):
+class QueueFull(BridgeError):
     """The waiting queue is at capacity; ``retry_after`` is a hint in whole seconds."""
 
     def __init__(self, depth: int, retry_after: int) -> None:
@@ -94,8 +94,8 @@ class QueueFull(SchedulerError):
         self.retry_after = retry_after
 
 
-class EngineNotReady(SchedulerError):
-    """The engine is still loading, failed to load, or the scheduler has stopped."""
+class EngineNotReady(BridgeError):
+    """The engine is still loading, failed to load, or the bridge has stopped."""
 
     def __init__(self, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
@@ -109,11 +109,11 @@ class ShuttingDown(EngineNotReady):
         super().__init__("the server is shutting down")
 
 
-class RequestTimeout(SchedulerError):
+class RequestTimeout(BridgeError):
     """The ticket ran past its deadline (waiting plus generating)."""
 
 
-class GenerationFailed(SchedulerError):
+class GenerationFailed(BridgeError):
     """``engine.generate`` raised; the original exception is ``__cause__``."""
 
     def __init__(self, index: int, error: BaseException) -> None:
@@ -123,7 +123,7 @@ class GenerationFailed(SchedulerError):
 
 
 @dataclass(frozen=True)
-class SchedulerStats:
+class BridgeStats:
     """A snapshot for /health and /metrics."""
 
     state: str
@@ -150,7 +150,7 @@ class Ticket:
     requests: tuple[GenerationRequest, ...]
     deadline: float
     _loop: asyncio.AbstractEventLoop
-    _scheduler: Scheduler
+    _bridge: EngineBridge
     _events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _done: bool = False
@@ -189,7 +189,7 @@ class Ticket:
         """Stop this ticket: dequeue it, or have the worker close its generator."""
         if not self._cancelled.is_set():
             self._cancelled.set()
-            self._scheduler._forget(self)
+            self._bridge._forget(self)
         self._done = True
 
     @property
@@ -213,7 +213,7 @@ class Ticket:
             self._cancelled.set()
 
 
-class Scheduler:
+class EngineBridge:
     """Runs an engine on its own thread and serves tickets from a bounded FIFO queue."""
 
     def __init__(
@@ -261,8 +261,8 @@ class Scheduler:
         self.step_observer: Callable[[int, int, float], None] | None = None
 
     @classmethod
-    def from_engine(cls, engine: EngineLike, **kwargs: Any) -> Scheduler:
-        """A scheduler around an engine built already; from now on the worker thread is its
+    def from_engine(cls, engine: EngineLike, **kwargs: Any) -> EngineBridge:
+        """A bridge around an engine built already; from now on the worker thread is its
         only user."""
         return cls(lambda: engine, **kwargs)
 
@@ -296,7 +296,7 @@ class Scheduler:
     def drain(self, timeout: float) -> threading.Thread:
         """Graceful shutdown: refuse new tickets now, let running and waiting ones finish for
         up to ``timeout`` seconds, then ``stop`` (the rest end with an error). Returns the
-        thread that waits; it stops the scheduler when all tickets are done or time is up."""
+        thread that waits; it stops the bridge when all tickets are done or time is up."""
 
         def wait_then_stop() -> None:
             deadline = time.monotonic() + timeout
@@ -371,10 +371,10 @@ class Scheduler:
         engine = self._engine
         return 0 if engine is None else len(engine.running)
 
-    def stats(self) -> SchedulerStats:
+    def stats(self) -> BridgeStats:
         """Counters for /health and /metrics."""
         with self._cond:
-            return SchedulerStats(
+            return BridgeStats(
                 state=self._state,
                 queue_depth=len(self._pending),
                 active=self.active,
@@ -428,7 +428,7 @@ class Scheduler:
             engine.validate(request)
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + (timeout or self.request_timeout)
-        ticket = Ticket(requests=requests, deadline=deadline, _loop=loop, _scheduler=self)
+        ticket = Ticket(requests=requests, deadline=deadline, _loop=loop, _bridge=self)
         with self._cond:
             if self.failure is not None:
                 raise self.failure
