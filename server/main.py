@@ -8,13 +8,13 @@ engine factory) happen inside the functions.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
 import time
 from typing import Any
 
 from mtplx.commands import check_drafter_options, describe_blas, engine_factory, resolve_model
+from mtplx.file_limits import import_mlx_lm
 
 __all__ = ["Interrupted", "run_server", "serve"]
 
@@ -194,10 +194,9 @@ def run_server(
 
     let_streams_drain()
     limits = limits or ConnectionLimits()
-    # mlx_lm sets the open-file limit to (2048, 4096) when it is imported: import it before
-    # raising the limit, or the engine thread's import would lower it again under the cap.
-    with contextlib.suppress(ImportError):
-        import mlx_lm.utils  # noqa: F401
+    # mlx-lm sets the open-file limits when it is imported: import it (without that change)
+    # before raising the limit, so the engine thread's import cannot lower it under the cap.
+    import_mlx_lm()
     fd_limit = raise_fd_limit()
     cap = connection_cap(limits.max_connections, fd_limit, ACCEPT_BACKLOG)
     guard = ConnectionGuard(
