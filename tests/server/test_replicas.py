@@ -214,7 +214,27 @@ def test_sixteen_concurrent_streams_through_the_balancer_all_complete(
         assert new - old == served.count(name)
 
 
-def test_a_stream_passes_through_unbuffered(lb: Balancer, replicas: list[str]) -> None:
+def _rest_of(lines: Iterator[str], limit: int = 20) -> list[str]:
+    """The stream's last lines (at most ``limit`` kept): its finish reason or error."""
+    kept: list[str] = []
+    for line in lines:
+        if line:
+            kept = [*kept[-(limit - 1) :], line]
+    return kept
+
+
+def _requests_by_status(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict:
+    return {
+        labels: value for (name, labels), value in metrics.items() if name == "mtplx_requests_total"
+    }
+
+
+def _log_tail(logs: Path, replica: str, replicas: list[str], lines: int = 40) -> str:
+    log = logs / f"replica{replicas.index(replica) + 1}.log"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def test_a_stream_passes_through_unbuffered(lb: Balancer, replicas: list[str], logs: Path) -> None:
     """The first chunk reaches the client while its replica is still generating."""
     body = {
         "model": MODEL,
@@ -235,8 +255,12 @@ def test_a_stream_passes_through_unbuffered(lb: Balancer, replicas: list[str]) -
                 chunk = json.loads(line.removeprefix("data: "))
                 if chunk["choices"][0]["delta"].get("content"):
                     break
-        running = sample(scrape(replica), "mtplx_requests_running")
-    assert running == 1  # still generating when its first text came through
+        metrics = scrape(replica)
+        running = sample(metrics, "mtplx_requests_running")
+        ending = [] if running == 1 else _rest_of(reply.iter_lines())
+    # Still generating when its first text came through (if not: how the stream ended, and
+    # what the replica counted and logged, so that a failure explains itself).
+    assert running == 1, (ending, _requests_by_status(metrics), _log_tail(logs, replica, replicas))
     # Closing the stream cancels it on the replica (through the balancer); wait for that, so
     # that the next test's counters do not see it.
     deadline = time.monotonic() + 60
