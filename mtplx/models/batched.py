@@ -293,8 +293,9 @@ class SlotTarget:
         self._fused = [_fuse(layer) for layer in self.trunk.inner.layers]
         self._compiled = CompiledLayer.for_trunk(list(self.trunk.inner.layers), self._fused)
         self.attention = self._attention_kind(attention)
-        # Quantized layers on the CPU: each half of a layer one fused kernel (mtplx.fused_layer;
-        # the compiled pieces' bits, a fifteenth of their graph nodes).
+        # Quantized layers on the CPU: each half of a layer one fused kernel (mtplx.fused_layer:
+        # the compiled pieces' bits in five graph nodes a layer instead of ~50). False runs
+        # the compiled pieces, e.g. to compare the two.
         self.fuses_layers = self._fuses_layers()
         if self.attention == "kernel" and self._products_unbounded():
             # No product of a forward goes through the row-limited BLAS kernel: a prompt
