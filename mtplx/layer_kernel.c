@@ -44,6 +44,27 @@ typedef struct {
     int N, K, bits, group;
 } mtplx_qweight;
 
+/* Scratch for a call's intermediate rows: a decode step's (a few KB) is kept per thread and
+ * reused, since malloc and free of it in every call of every layer showed in profiles; a
+ * prompt chunk's (MBs) is allocated for the call and freed, so no thread holds it after. */
+enum { KEPT_SCRATCH = 1 << 20 };
+static __thread float *kept;
+static __thread size_t kept_bytes;
+
+static float *scratch(size_t bytes) {
+    if (bytes > KEPT_SCRATCH) return malloc(bytes);
+    if (bytes > kept_bytes) {
+        free(kept);
+        kept = malloc(KEPT_SCRATCH);
+        kept_bytes = kept ? KEPT_SCRATCH : 0;
+    }
+    return kept;
+}
+
+static void release(float *p) {
+    if (p != kept) free(p);
+}
+
 static int product(const float *x, int M, const mtplx_qweight *w, float *y) {
     return mtplx_qmm(x, M, w->K, w->w, w->scales, w->biases, w->half, w->N, w->bits, w->group,
                      y);
@@ -144,7 +165,7 @@ int mtplx_layer_before(const float *x, int n, int H, const float *norm, float ep
                        float *v) {
     const int width = qkv->N, half = dims / 2;
     if (qkv->K != H || width != (heads + 2 * kv) * d || dims > d || dims % 2) return -1;
-    float *h = malloc(sizeof(float) * ((size_t)n * H + (size_t)n * width));
+    float *h = scratch(sizeof(float) * ((size_t)n * H + (size_t)n * width));
     if (h == NULL) return -3;
     float *y = h + (size_t)n * H;
     rms_norm(x, norm, eps, n, H, h);
@@ -160,7 +181,7 @@ int mtplx_layer_before(const float *x, int n, int H, const float *norm, float ep
                  k + ((long)i * kv + head) * d);
         memcpy(v + (long)i * kv * d, row + (long)(heads + kv) * d, sizeof(float) * kv * d);
     }
-    free(h);
+    release(h);
     return status;
 }
 
@@ -172,7 +193,7 @@ int mtplx_layer_after(const float *x, const float *attended, int n, int H,
     const int I = down->K;
     if (o_proj->N != H || gate_up->K != H || gate_up->N != 2 * I || down->N != H) return -1;
     const size_t rows = (size_t)n;
-    float *x1 = malloc(sizeof(float) * (rows * H * 2 + rows * 3 * I));
+    float *x1 = scratch(sizeof(float) * (rows * H * 2 + rows * 3 * I));
     if (x1 == NULL) return -3;
     float *h = x1 + rows * H, *gu = h + rows * H, *g = gu + rows * 2 * I;
     int status = product(attended, n, o_proj, x1);
@@ -187,6 +208,6 @@ int mtplx_layer_after(const float *x, const float *attended, int n, int H,
     }
     if (status == 0)
         for (size_t e = 0; e < rows * H; e++) out[e] = x1[e] + out[e];
-    free(x1);
+    release(x1);
     return status;
 }
