@@ -64,6 +64,7 @@ _VERSION = 2  # bump when the build recipe changes, to invalidate cached builds
 _HERE = Path(__file__).resolve().parent
 _KERNEL = _HERE / "quant_kernel.c"
 _ATTENTION = _HERE / "attn_kernel.c"  # the fused attention (``mtplx.attention``), same library
+_LAYER = _HERE / "layer_kernel.c"  # the fused layer halves (``mtplx.fused_layer``), same library
 _EXT = _HERE / "quant_ext.cpp"
 
 # Variant -> (the CPU features it needs, the compiler flags it is built with). FMA is part
@@ -173,6 +174,7 @@ def _target(variant: str) -> tuple[Path, dict[str, object]]:
         " ".join(_VARIANTS[variant][1] + _C_FLAGS + _CXX_FLAGS),
         _KERNEL.read_text(),
         _ATTENTION.read_text(),
+        _LAYER.read_text(),
         _EXT.read_text(),
         mx.__version__,
         str((mlx_root / "lib" / "libmlx.so").stat().st_size)
@@ -204,8 +206,8 @@ def build(variant: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp)
         kernel_o, ext_o, lib = out / "k.o", out / "e.o", out / "ext.so"
-        attention_o = out / "a.o"
-        for source, obj in ((_KERNEL, kernel_o), (_ATTENTION, attention_o)):
+        attention_o, layer_o = out / "a.o", out / "l.o"
+        for source, obj in ((_KERNEL, kernel_o), (_ATTENTION, attention_o), (_LAYER, layer_o)):
             _run(
                 [cc, *_C_FLAGS, *_VARIANTS[variant][1], "-c", str(source), "-o", str(obj)],
                 source.name,
@@ -236,6 +238,7 @@ def build(variant: str) -> Path:
                 str(nb_o),
                 str(kernel_o),
                 str(attention_o),
+                str(layer_o),
                 f"-L{mlx_root / 'lib'}",
                 "-lmlx",
                 f"-Wl,-rpath,{mlx_root / 'lib'}",

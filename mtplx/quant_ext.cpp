@@ -1,11 +1,12 @@
-// MLX primitives around quant_kernel.c's batch-invariant quantized product and
-// attn_kernel.c's batch-invariant fused attention.
+// MLX primitives around quant_kernel.c's batch-invariant quantized product, attn_kernel.c's
+// batch-invariant fused attention and layer_kernel.c's fused layer halves.
 //
 // A primitive (rather than a Python call on evaluated arrays) keeps the product inside
 // MLX's lazy graph: it composes with mx.compile, and async_eval runs it on the CPU stream's
 // worker thread while Python builds the next step. Built and cached by mtplx.quant.
 
 #include <cstdint>
+#include <array>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -15,12 +16,14 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "mlx/transforms.h"
 #include "mlx/utils.h"
 
 namespace nb = nanobind;
@@ -41,6 +44,23 @@ void mtplx_attn_set_threads(int threads);
 unsigned long mtplx_attn_split_calls(void);
 float mtplx_attn_exp(float x);
 int mtplx_attn_lanes(void);
+typedef struct {
+  const uint32_t* w;
+  const void* scales;
+  const void* biases;
+  int half;
+  int N, K, bits, group;
+} mtplx_qweight;
+int mtplx_layer_before(const float* x, int n, int H, const float* norm, float eps,
+                       const mtplx_qweight* qkv, int heads, int kv, int d, int dims,
+                       const float* cos, const float* sin, int rope_rows, float* q, float* k,
+                       float* v);
+int mtplx_layer_after(const float* x, const float* attended, int n, int H,
+                      const mtplx_qweight* o_proj, const float* norm, float eps,
+                      const mtplx_qweight* gate_up, const mtplx_qweight* down, float* out);
+void mtplx_layer_rms_norm(const float* x, const float* w, float eps, int n, int H, float* out);
+void mtplx_layer_swiglu(const float* gate_up, int n, int I, float* out);
+float mtplx_layer_exp(float x);
 }
 
 namespace {
@@ -183,9 +203,14 @@ class StoreAttention : public mx::UnaryPrimitive {
                       c = mx::array::unsafe_weak_copy(inputs[4]),
                       y = mx::array::unsafe_weak_copy(out), n, heads, d, slots, kv, cap, dv,
                       scale = scale_]() mutable {
-      const int status =
-          mtplx_attend(q.data<float>(), k.data<float>(), v.data<float>(), s.data<int32_t>(),
-                       c.data<int32_t>(), n, heads, kv, d, slots, cap, dv, scale, y.data<float>());
+      // Row-contiguous inputs are read in place (the store always is); a view is gathered
+      // here rather than by a Contiguous node per input in every layer's graph.
+      std::vector<char> qd, kd, vd, sd, cd;
+      const int status = mtplx_attend(
+          static_cast<const float*>(dense(q, qd)), static_cast<const float*>(dense(k, kd)),
+          static_cast<const float*>(dense(v, vd)), static_cast<const int32_t*>(dense(s, sd)),
+          static_cast<const int32_t*>(dense(c, cd)), n, heads, kv, d, slots, cap, dv, scale,
+          y.data<float>());
       // -2 (a slot or count out of range) leaves NaN in the result; the shapes were checked
       // when the graph was built, so nothing else fails here.
       (void)status;
@@ -228,13 +253,318 @@ mx::array attend(const mx::array& q, const mx::array& keys, const mx::array& val
   if (q.dtype() != mx::float32 || keys.dtype() != mx::float32 || values.dtype() != mx::float32)
     throw std::invalid_argument("attend: q, keys and values must be float32");
   auto stream = mx::default_stream(mx::Device::cpu);
-  auto c = [&](const mx::array& a, mx::Dtype t) {
-    return mx::contiguous(mx::astype(a, t, stream), false, stream);
-  };
+  // astype adds no node when the dtype already matches; contiguity is seen to in eval_cpu.
+  auto c = [&](const mx::array& a, mx::Dtype t) { return mx::astype(a, t, stream); };
   return mx::array({n, q.shape(1) * q.shape(2)}, mx::float32,
                    std::make_shared<StoreAttention>(stream, scale),
                    {c(q, mx::float32), c(keys, mx::float32), c(values, mx::float32),
                     c(slot, mx::int32), c(count, mx::int32)});
+}
+
+
+// -- fused layer halves (layer_kernel.c) and the KV write ---------------------------------
+
+// A quantized weight's three arrays (w, scales, biases) as the kernel reads them, in the
+// dispatched task (their data ready): row-contiguous ones in place, views gathered.
+struct QWeightData {
+  std::vector<char> wd, sd, bd;
+  mtplx_qweight view(const mx::array& w, const mx::array& s, const mx::array& b, int bits,
+                     int group) {
+    mtplx_qweight q;
+    q.w = static_cast<const uint32_t*>(dense(w, wd));
+    q.scales = dense(s, sd);
+    q.biases = dense(b, bd);
+    q.half = s.dtype() == mx::float16;
+    q.N = static_cast<int>(w.shape(0));
+    q.K = static_cast<int>(w.shape(1) * 32 / bits);
+    q.bits = bits;
+    q.group = group;
+    return q;
+  }
+};
+
+// Scales and biases as the kernel takes them: float16 pairs as they are (exact), anything
+// else as float32 (astype adds no node when the dtype already matches).
+void kernel_params(std::vector<mx::array>& arrays, size_t at, mx::Stream stream) {
+  const auto params = arrays[at].dtype() == mx::float16 && arrays[at + 1].dtype() == mx::float16
+                          ? mx::float16
+                          : mx::float32;
+  arrays[at] = mx::astype(arrays[at], params, stream);
+  arrays[at + 1] = mx::astype(arrays[at + 1], params, stream);
+}
+
+void check_weight(const mx::array& w, const mx::array& s, const mx::array& b, int bits,
+                  int group, int K) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  if (group != 32 && group != 64 && group != 128)
+    throw std::invalid_argument("group_size must be 32, 64 or 128");
+  if (w.ndim() != 2 || w.dtype() != mx::uint32 || w.shape(1) * 32 / bits != K ||
+      K % group != 0 || s.ndim() != 2 || s.shape(0) != w.shape(0) || s.shape(1) != K / group ||
+      b.shape() != s.shape())
+    throw std::invalid_argument("fused layer: a weight's shapes do not match");
+}
+
+// The first half of a layer: inputs x [..., n, H], norm [H], the fused q/k/v weight (w,
+// scales, biases), cos, sin [rope_rows, dims / 2] -> q [n, heads, d], k [n, kv, d], v [n, kv, d].
+class LayerBefore : public mx::Primitive {
+ public:
+  LayerBefore(mx::Stream stream, float eps, int heads, int kv, int d, int dims, int bits,
+              int group)
+      : mx::Primitive(stream), eps_(eps), heads_(heads), kv_(kv), d_(d), dims_(dims),
+        bits_(bits), group_(group) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> in, out;
+    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    for (auto& a : outputs) out.push_back(mx::array::unsafe_weak_copy(a));
+    encoder.dispatch([in = std::move(in), out = std::move(out), eps = eps_, heads = heads_,
+                      kv = kv_, d = d_, dims = dims_, bits = bits_, group = group_]() mutable {
+      const int H = static_cast<int>(in[0].shape(-1));
+      const int n = static_cast<int>(in[0].size() / H);
+      std::vector<char> xd, nd, cd, sd;
+      QWeightData qw;
+      const mtplx_qweight qkv = qw.view(in[2], in[3], in[4], bits, group);
+      const int rope_rows = static_cast<int>(in[5].size() / (dims / 2)) == 1 ? 1 : n;
+      const int status = mtplx_layer_before(
+          static_cast<const float*>(dense(in[0], xd)), n, H,
+          static_cast<const float*>(dense(in[1], nd)), eps, &qkv, heads, kv, d, dims,
+          static_cast<const float*>(dense(in[5], cd)), static_cast<const float*>(dense(in[6], sd)),
+          rope_rows, out[0].data<float>(), out[1].data<float>(), out[2].data<float>());
+      if (status != 0) throw std::runtime_error("mtplx fused layer: the product failed");
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mtplx fused layer runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXLayerBefore"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const LayerBefore*>(&other);
+    return o != nullptr && o->eps_ == eps_ && o->heads_ == heads_ && o->kv_ == kv_ &&
+           o->d_ == d_ && o->dims_ == dims_ && o->bits_ == bits_ && o->group_ == group_;
+  }
+
+ private:
+  float eps_;
+  int heads_, kv_, d_, dims_, bits_, group_;
+};
+
+std::vector<mx::array> layer_before(const mx::array& x, const mx::array& norm,
+                                    const mx::array& w, const mx::array& scales,
+                                    const mx::array& biases, int bits, int group_size,
+                                    const mx::array& cos, const mx::array& sin, int heads,
+                                    int kv, int head_dim, int dims, float eps) {
+  const int H = static_cast<int>(x.shape(-1));
+  check_weight(w, scales, biases, bits, group_size, H);
+  const int n = static_cast<int>(x.size() / H);
+  if (heads <= 0 || kv <= 0 || head_dim <= 0 || dims <= 0 || dims > head_dim || dims % 2 ||
+      w.shape(0) != (heads + 2 * kv) * head_dim || norm.size() != static_cast<size_t>(H) ||
+      cos.size() != sin.size() ||
+      (cos.size() != static_cast<size_t>(dims / 2) &&
+       cos.size() != static_cast<size_t>(n) * (dims / 2)))
+    throw std::invalid_argument("layer_before: shapes do not match");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs = {mx::astype(x, mx::float32, stream),
+                                   mx::astype(norm, mx::float32, stream),
+                                   w,
+                                   scales,
+                                   biases,
+                                   mx::astype(cos, mx::float32, stream),
+                                   mx::astype(sin, mx::float32, stream)};
+  kernel_params(inputs, 3, stream);
+  return mx::array::make_arrays(
+      {{n, heads, head_dim}, {n, kv, head_dim}, {n, kv, head_dim}},
+      {mx::float32, mx::float32, mx::float32},
+      std::make_shared<LayerBefore>(stream, eps, heads, kv, head_dim, dims, bits, group_size),
+      inputs);
+}
+
+// The second half: inputs x [..., n, H], attended [n, A], norm [H], o_proj, gate/up and down
+// weights (w, scales, biases each) -> [..., n, H].
+class LayerAfter : public mx::UnaryPrimitive {
+ public:
+  LayerAfter(mx::Stream stream, float eps, std::array<int, 6> kinds)
+      : mx::UnaryPrimitive(stream), eps_(eps), kinds_(kinds) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
+    output.set_data(mx::allocator::malloc(output.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> in;
+    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output), eps = eps_,
+                      k = kinds_]() mutable {
+      const int H = static_cast<int>(in[0].shape(-1));
+      const int n = static_cast<int>(in[0].size() / H);
+      std::vector<char> xd, ad, nd;
+      QWeightData ow, guw, dw;
+      const mtplx_qweight o = ow.view(in[3], in[4], in[5], k[0], k[1]);
+      const mtplx_qweight gu = guw.view(in[6], in[7], in[8], k[2], k[3]);
+      const mtplx_qweight down = dw.view(in[9], in[10], in[11], k[4], k[5]);
+      const int status = mtplx_layer_after(
+          static_cast<const float*>(dense(in[0], xd)), static_cast<const float*>(dense(in[1], ad)),
+          n, H, &o, static_cast<const float*>(dense(in[2], nd)), eps, &gu, &down,
+          y.data<float>());
+      if (status != 0) throw std::runtime_error("mtplx fused layer: the product failed");
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mtplx fused layer runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXLayerAfter"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const LayerAfter*>(&other);
+    return o != nullptr && o->eps_ == eps_ && o->kinds_ == kinds_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  float eps_;
+  std::array<int, 6> kinds_;  // (bits, group size) of o_proj, gate/up, down
+};
+
+mx::array layer_after(const mx::array& x, const mx::array& attended, const mx::array& norm,
+                      const mx::array& o_w, const mx::array& o_s, const mx::array& o_b,
+                      int o_bits, int o_group, const mx::array& gu_w, const mx::array& gu_s,
+                      const mx::array& gu_b, int gu_bits, int gu_group, const mx::array& d_w,
+                      const mx::array& d_s, const mx::array& d_b, int d_bits, int d_group,
+                      float eps) {
+  const int H = static_cast<int>(x.shape(-1));
+  const int A = static_cast<int>(attended.shape(-1));
+  const int n = static_cast<int>(x.size() / H);
+  check_weight(o_w, o_s, o_b, o_bits, o_group, A);
+  check_weight(gu_w, gu_s, gu_b, gu_bits, gu_group, H);
+  const int I = static_cast<int>(d_w.shape(1) * 32 / d_bits);
+  check_weight(d_w, d_s, d_b, d_bits, d_group, I);
+  if (attended.size() != static_cast<size_t>(n) * A || o_w.shape(0) != H ||
+      gu_w.shape(0) != 2 * I || d_w.shape(0) != H || norm.size() != static_cast<size_t>(H))
+    throw std::invalid_argument("layer_after: shapes do not match");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs = {mx::astype(x, mx::float32, stream),
+                                   mx::astype(attended, mx::float32, stream),
+                                   mx::astype(norm, mx::float32, stream),
+                                   o_w, o_s, o_b, gu_w, gu_s, gu_b, d_w, d_s, d_b};
+  kernel_params(inputs, 4, stream);
+  kernel_params(inputs, 7, stream);
+  kernel_params(inputs, 10, stream);
+  return mx::array(x.shape(), mx::float32,
+                   std::make_shared<LayerAfter>(
+                       stream, eps,
+                       std::array<int, 6>{o_bits, o_group, gu_bits, gu_group, d_bits, d_group}),
+                   inputs);
+}
+
+// A group's new keys (or values) written into a layer's store: inputs store [S, kv, cap, w]
+// (values: w = d + 1), new [n, kv, d] (every packed token), write_at [R * kv * T] (the store
+// row, (slot * kv + head) * cap + position, of each (row, head, token) of the group's padded
+// layout), to_padded [R * T] (the packed token each padded position takes) -> the store after
+// the write, features past d set to 1 (the values' constant feature). In place when MLX can
+// give the store's buffer to the result (nothing else holds it), else on a copy, as MLX's
+// scatter does. One output a node: an input of a node with several outputs is held by each
+// of them, so it is never free to hand over.
+class KVWrite : public mx::UnaryPrimitive {
+ public:
+  KVWrite(mx::Stream stream, int tokens) : mx::UnaryPrimitive(stream), tokens_(tokens) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    const mx::array& store = inputs[0];
+    const bool copied = !(store.is_donatable() && store.flags().row_contiguous);
+    if (copied) {
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+    } else {
+      out.copy_shared_buffer(store);
+    }
+    std::vector<mx::array> in;
+    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(out), copied,
+                      T = static_cast<int64_t>(tokens_)]() mutable {
+      std::vector<char> scratch, nd, wd, pd;
+      if (copied) std::memcpy(y.data<char>(), dense(in[0], scratch), y.nbytes());
+      const float* fresh = static_cast<const float*>(dense(in[1], nd));
+      const int32_t* write_at = static_cast<const int32_t*>(dense(in[2], wd));
+      const int32_t* to_padded = static_cast<const int32_t*>(dense(in[3], pd));
+      const int64_t tokens = in[1].shape(0), kv = in[1].shape(1), d = in[1].shape(2);
+      const int64_t width = y.shape(-1);
+      const int64_t store_rows = static_cast<int64_t>(y.size()) / width;
+      const int64_t R = static_cast<int64_t>(in[3].size()) / T;
+      float* Y = y.data<float>();
+      for (int64_t r = 0; r < R; r++)
+        for (int64_t h = 0; h < kv; h++)
+          for (int64_t t = 0; t < T; t++) {
+            const int64_t token = to_padded[r * T + t];
+            const int64_t row = write_at[(r * kv + h) * T + t];
+            // Out of range: a bug upstream; nothing is written out of bounds.
+            if (token < 0 || token >= tokens || row < 0 || row >= store_rows) continue;
+            std::memcpy(Y + row * width, fresh + (token * kv + h) * d, sizeof(float) * d);
+            for (int64_t e = d; e < width; e++) Y[row * width + e] = 1.0f;
+          }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mtplx KV write runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXKVWrite"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const KVWrite*>(&other);
+    return o != nullptr && o->tokens_ == tokens_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  int tokens_;  // T: tokens per row of the group's padded layout
+};
+
+mx::array kv_write(const mx::array& store, const mx::array& fresh, const mx::array& write_at,
+                   const mx::array& to_padded, int tokens) {
+  if (store.ndim() != 4 || fresh.ndim() != 3 || store.shape(1) != fresh.shape(1) ||
+      store.shape(3) < fresh.shape(2) || tokens <= 0 || to_padded.size() % tokens != 0 ||
+      write_at.size() != to_padded.size() * static_cast<size_t>(fresh.shape(1)))
+    throw std::invalid_argument("kv_write: shapes do not match");
+  if (store.dtype() != mx::float32) throw std::invalid_argument("kv_write: a float32 store");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array(store.shape(), mx::float32, std::make_shared<KVWrite>(stream, tokens),
+                   {store, mx::astype(fresh, mx::float32, stream),
+                    mx::astype(write_at, mx::int32, stream),
+                    mx::astype(to_padded, mx::int32, stream)});
+}
+
+// For tests: layer_kernel.c's elementwise pieces on evaluated float32 arrays.
+mx::array rms_norm_reference(const mx::array& x, const mx::array& w, float eps) {
+  mx::array xc = mx::contiguous(mx::astype(x, mx::float32));
+  mx::array wc = mx::contiguous(mx::astype(w, mx::float32));
+  mx::eval({xc, wc});
+  const int H = static_cast<int>(xc.shape(-1));
+  std::vector<float> out(xc.size());
+  mtplx_layer_rms_norm(xc.data<float>(), wc.data<float>(), eps,
+                       static_cast<int>(xc.size() / H), H, out.data());
+  return mx::array(out.begin(), xc.shape(), mx::float32);
+}
+
+mx::array swiglu_reference(const mx::array& gate_up) {
+  mx::array g = mx::contiguous(mx::astype(gate_up, mx::float32));
+  mx::eval({g});
+  const int I = static_cast<int>(g.shape(-1) / 2);
+  std::vector<float> out(g.size() / 2);
+  mtplx_layer_swiglu(g.data<float>(), static_cast<int>(g.size() / (2 * I)), I, out.data());
+  mx::Shape shape = g.shape();
+  shape.back() = I;
+  return mx::array(out.begin(), shape, mx::float32);
 }
 
 }  // namespace
@@ -256,4 +586,21 @@ NB_MODULE(_mtplx_quant, m) {
   m.def("attn_split_calls", []() { return mtplx_attn_split_calls(); });
   m.def("attn_exp", [](float x) { return mtplx_attn_exp(x); }, nb::arg("x"));
   m.def("attn_lanes", []() { return mtplx_attn_lanes(); });
+  m.def("layer_before", &layer_before, nb::arg("x"), nb::arg("norm"), nb::arg("w"),
+        nb::arg("scales"), nb::arg("biases"), nb::arg("bits"), nb::arg("group_size"),
+        nb::arg("cos"), nb::arg("sin"), nb::arg("heads"), nb::arg("kv_heads"),
+        nb::arg("head_dim"), nb::arg("dims"), nb::arg("eps"),
+        "A layer's norm, fused q/k/v product and RoPE as one lazy node -> [q, k, v].");
+  m.def("layer_after", &layer_after, nb::arg("x"), nb::arg("attended"), nb::arg("norm"),
+        nb::arg("o_w"), nb::arg("o_scales"), nb::arg("o_biases"), nb::arg("o_bits"),
+        nb::arg("o_group"), nb::arg("gu_w"), nb::arg("gu_scales"), nb::arg("gu_biases"),
+        nb::arg("gu_bits"), nb::arg("gu_group"), nb::arg("d_w"), nb::arg("d_scales"),
+        nb::arg("d_biases"), nb::arg("d_bits"), nb::arg("d_group"), nb::arg("eps"),
+        "A layer's o_proj, residual, norm, gate/up, SwiGLU, down and residual as one node.");
+  m.def("kv_write", &kv_write, nb::arg("store"), nb::arg("fresh"), nb::arg("write_at"),
+        nb::arg("to_padded"), nb::arg("tokens"),
+        "A group's new keys (or values) written into a layer's store, lazily (one node).");
+  m.def("rms_norm_reference", &rms_norm_reference, nb::arg("x"), nb::arg("w"), nb::arg("eps"));
+  m.def("swiglu_reference", &swiglu_reference, nb::arg("gate_up"));
+  m.def("layer_exp", [](float x) { return mtplx_layer_exp(x); }, nb::arg("x"));
 }

@@ -44,6 +44,7 @@ import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
 
 from mtplx import attention as fused_attention
+from mtplx import fused_layer
 from mtplx.blas_shim import INVARIANT_MAX_ROWS
 from mtplx.models.base import TargetModel
 from mtplx.models.compiled_layer import CompiledLayer
@@ -292,6 +293,10 @@ class SlotTarget:
         self._fused = [_fuse(layer) for layer in self.trunk.inner.layers]
         self._compiled = CompiledLayer.for_trunk(list(self.trunk.inner.layers), self._fused)
         self.attention = self._attention_kind(attention)
+        # Quantized layers on the CPU: each half of a layer one fused kernel (mtplx.fused_layer:
+        # the compiled pieces' bits in five graph nodes a layer instead of ~50). False runs
+        # the compiled pieces, e.g. to compare the two.
+        self.fuses_layers = self._fuses_layers()
         if self.attention == "kernel" and self._products_unbounded():
             # No product of a forward goes through the row-limited BLAS kernel: a prompt
             # alone may feed hundreds of tokens a forward (``Engine._prefill_piece``).
@@ -316,6 +321,22 @@ class SlotTarget:
                 raise RuntimeError("the fused attention kernel does not serve this model here")
             return "mlx"
         return "kernel"
+
+    def _fuses_layers(self) -> bool:
+        """Whether the layers run as fused kernels (``mtplx.fused_layer``): the compiled
+        pieces describe them with mlx's plain RoPE (hoisted), attention is the fused kernel's
+        and every layer product is kernel-quantized."""
+        compiled = self._compiled
+        if compiled is None or not compiled.hoists_rope or self.attention != "kernel":
+            return False
+        for layer, fused in zip(self.trunk.inner.layers, self._fused, strict=True):
+            assert fused is not None  # the compiled pieces describe fused layers only
+            weights = (fused.qkv, fused.gate_up, weight_of(layer.self_attn.o_proj))
+            if not all(
+                isinstance(w, QuantWeight) for w in (*weights, weight_of(layer.mlp.down_proj))
+            ):
+                return False
+        return fused_layer.available()
 
     def _products_unbounded(self) -> bool:
         """Whether every product of a forward runs on the quantized kernel (no row limit):
@@ -526,6 +547,8 @@ class SlotTarget:
         """This target's layers (all of the trunk's, or a pipeline stage's): [1, N, H] ->
         [1, N, H]."""
         compiled = self._compiled
+        if compiled is not None and self.fuses_layers:
+            return self._fused_layers(compiled, x, groups, positions)
         if compiled is not None and (
             self.attention == "kernel" or all(g.visible is not None for g in groups)
         ):
@@ -577,6 +600,66 @@ class SlotTarget:
                 norm.weight,
                 weight_arrays(fused.gate_up),
                 weight_arrays(weight_of(layer.mlp.down_proj)),
+                norm.eps,
+            )
+        return x
+
+    def _fused_layers(
+        self, compiled: CompiledLayer, x: mx.array, groups: list[_Group], positions: mx.array
+    ) -> mx.array:
+        """``_layers`` through the fused kernels (``mtplx.fused_layer``): the compiled pieces'
+        bits, five graph nodes a layer for a forward of one group."""
+        cos, sin = compiled.rope_tables(positions)  # [N, 1, 1, dims / 2], or [1, dims / 2]
+        num_tokens = x.shape[-2]
+        for index, (layer, fused) in enumerate(
+            zip(self.trunk.inner.layers, self._fused, strict=True)
+        ):
+            attn, norm = layer.self_attn, layer.input_layernorm
+            assert fused is not None and isinstance(fused.qkv, QuantWeight)
+            queries_all, keys_all, values_all = fused_layer.before(
+                x,
+                norm.weight,
+                fused.qkv,
+                cos,
+                sin,
+                attn.n_heads,
+                attn.n_kv_heads,
+                attn.head_dim,
+                attn.rope.dims,
+                norm.eps,
+            )
+            attended = []
+            for group in groups:
+                assert group.slots is not None and group.counts is not None
+                store = group.store.layers[index]
+                store.keys, store.values = fused_layer.write(
+                    store.keys,
+                    store.values,
+                    keys_all,
+                    values_all,
+                    group.write_at,
+                    group.to_padded,
+                    group.max_tokens,
+                )
+                queries = queries_all
+                if (group.start, group.end) != (0, num_tokens):
+                    queries = queries_all[group.start : group.end]
+                attended.append(
+                    fused_attention.attend(
+                        queries, store.keys, store.values, group.slots, group.counts, attn.scale
+                    )
+                )
+            norm = layer.post_attention_layernorm
+            o_proj, down = weight_of(attn.o_proj), weight_of(layer.mlp.down_proj)
+            assert isinstance(o_proj, QuantWeight) and isinstance(down, QuantWeight)
+            assert isinstance(fused.gate_up, QuantWeight)
+            x = fused_layer.after(
+                x,
+                mx.concatenate(attended) if len(attended) > 1 else attended[0],
+                o_proj,
+                norm.weight,
+                fused.gate_up,
+                down,
                 norm.eps,
             )
         return x

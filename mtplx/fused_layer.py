@@ -1,0 +1,136 @@
+"""A llama decoder layer in a few fused CPU kernels (``layer_kernel.c``): same bits, fewer nodes.
+
+On MLX's CPU backend every graph node costs a dispatch and an allocation (~5 us here)
+whatever it computes, and a compiled llama layer is still ~60 of them: products, norms,
+RoPE, activation, residuals, and the slices, reshapes and scatters around them. Here a layer
+of a quantized trunk is five nodes (one group of rows):
+
+- ``before``: input RMSNorm, the fused q/k/v product, RoPE -> q, k, v;
+- ``write``: the new keys, and the new values, into the layer's KV store (a node each; in
+  place when MLX can hand the store's buffer over, as its own scatter does);
+- the fused attention kernel (``mtplx.attention``) over the store;
+- ``after``: o_proj, residual, post-attention RMSNorm, fused gate/up, SwiGLU, down, residual.
+
+The products are the batch-invariant quantized kernel's (``mtplx.quant``), called from C;
+every elementwise step is MLX's own CPU operation in MLX's order (RMSNorm's sequential sum,
+MLX's scalar exp inside the sigmoid, RoPE's products rounded one by one), so the fused path
+gives the compiled path's bits exactly and the two can serve side by side
+(``tests/test_fused_layer.py`` compares them bitwise, and the pieces against NumPy).
+
+It serves quantized trunks on the CPU whose RoPE the compiled path hoists (mlx's plain
+RoPE); float32 trunks and Metal keep ``mtplx.models.compiled_layer``.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mtplx.models.quantized import QuantWeight
+from mtplx.quant import Unavailable, load_extension
+
+__all__ = ["after", "available", "before", "exp", "rms_norm", "swiglu", "write"]
+
+
+def available() -> bool:
+    """Whether the fused kernels serve here (CPU, extension built)."""
+    if mx.default_device() != mx.cpu:
+        return False
+    try:
+        load_extension()
+    except Unavailable:
+        return False
+    return True
+
+
+def before(
+    x: mx.array,
+    norm: mx.array,
+    qkv: QuantWeight,
+    cos: mx.array,
+    sin: mx.array,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    rope_dims: int,
+    eps: float,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """A layer's first half, lazily: x [..., N, H], norm [H], cos and sin [N or 1, dims / 2]
+    (mlx's RoPE angles of each token, or of the one token) -> q [N, heads, d] and k, v
+    [N, kv_heads, d] (q and k roped)."""
+    q, k, v = load_extension().layer_before(
+        x,
+        norm,
+        *qkv.arrays,
+        qkv.bits,
+        qkv.group_size,
+        cos,
+        sin,
+        heads,
+        kv_heads,
+        head_dim,
+        rope_dims,
+        float(eps),
+    )
+    return q, k, v
+
+
+def after(
+    x: mx.array,
+    attended: mx.array,
+    o_proj: QuantWeight,
+    norm: mx.array,
+    gate_up: QuantWeight,
+    down: QuantWeight,
+    eps: float,
+) -> mx.array:
+    """A layer's second half, lazily: x [..., N, H], attended [N, heads * d] -> [..., N, H]:
+    ``x + o``, then ``+ down(swiglu(gate_up(rms_norm(x + o))))``."""
+    return load_extension().layer_after(
+        x,
+        attended,
+        norm,
+        *o_proj.arrays,
+        o_proj.bits,
+        o_proj.group_size,
+        *gate_up.arrays,
+        gate_up.bits,
+        gate_up.group_size,
+        *down.arrays,
+        down.bits,
+        down.group_size,
+        float(eps),
+    )
+
+
+def write(
+    keys: mx.array,
+    values: mx.array,
+    k: mx.array,
+    v: mx.array,
+    write_at: mx.array,
+    to_padded: mx.array,
+    tokens: int,
+) -> tuple[mx.array, mx.array]:
+    """A group's new keys and values written into a layer's store, lazily: keys [S, kv, cap,
+    d], values [S, kv, cap, d + 1], k and v [N, kv, d] (every packed token), write_at [R * kv
+    * T] (each padded (row, head, token)'s flat store row), to_padded [R * T] (the packed
+    token each padded position takes), tokens = T -> the stores after the write, values with
+    their constant 1 feature (what ``SlotTarget._write_group`` writes)."""
+    ext = load_extension()
+    new_keys = ext.kv_write(keys, k, write_at, to_padded, int(tokens))
+    return new_keys, ext.kv_write(values, v, write_at, to_padded, int(tokens))
+
+
+def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
+    """The kernel's RMSNorm on x [..., H] alone, evaluated (for tests)."""
+    return load_extension().rms_norm_reference(x, weight, float(eps))
+
+
+def swiglu(gate_up: mx.array) -> mx.array:
+    """The kernel's SwiGLU on [..., 2 I] ([gate | up]) alone, evaluated (for tests)."""
+    return load_extension().swiglu_reference(gate_up)
+
+
+def exp(x: float) -> float:
+    """The kernel's copy of MLX's CPU exp on one value (for tests)."""
+    return float(load_extension().layer_exp(float(x)))

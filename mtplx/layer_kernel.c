@@ -1,0 +1,213 @@
+/* A llama decoder layer's two halves around attention, each in one call, for the CPU:
+ *
+ *   before: h = rms_norm(x) * norm_w;  [q | k | v] = h @ Wqkv^T;  q, k = rope(q), rope(k)
+ *   after:  x1 = x + attended @ Wo^T;  h = rms_norm(x1) * norm_w;  [g | u] = h @ Wgu^T;
+ *           out = x1 + (silu(g) * u) @ Wdown^T
+ *
+ * with every product on the batch-invariant quantized kernel (quant_kernel.c's mtplx_qmm).
+ *
+ * Why: on MLX's CPU backend these are ~20 graph nodes a layer (norms, RoPE, activation,
+ * residuals, slices and reshapes around the products), each costing a dispatch and an
+ * allocation whatever it computes; a decode step of the default model spends about as long
+ * dispatching them as computing. Here each half is one node.
+ *
+ * Bits: every elementwise step is MLX's own operation on its CPU backend, in MLX's order,
+ * one IEEE rounding each (this file is built with -ffp-contract=off, so no multiply-add is
+ * fused): the output equals MLX's ops (mx.fast.rms_norm's CPU fallback, mlx's RoPE applied as
+ * the trunk applies it, mlx-lm's swiglu) bit for bit.
+ * - rms_norm: s = sum of x_i * x_i in ascending i, one float accumulator from 0 (MLX's CPU
+ *   sum over a contiguous axis with its scalar SIMD width on x86); m = s * (1 / H) (mean's
+ *   normaliser, a float32 constant); r = 1 / sqrt(m + eps); out_i = (x_i * r) * w_i.
+ * - RoPE (mlx's non-traditional layout): out_j = x_j c_j - x_{j+h} s_j, out_{j+h} = x_j s_j +
+ *   x_{j+h} c_j, each product rounded, over the first `dims` features, the rest copied; the
+ *   angles' cos and sin come from the caller (computed once per forward by MLX).
+ * - silu(g) * u: sigmoid as MLX's CPU sigmoid (y = 1 / (1 + exp(|g|)), g < 0 ? y : 1 - y,
+ *   with MLX's own CPU exp, mlx_exp below), then (g * sig) * u.
+ * - residual adds: one addition each.
+ * Every step reads only its own row (token), so a token's result does not depend on the
+ * other rows of the call: batch invariance is the products' (mtplx_qmm), kept.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scales,
+                     const void *biases, int half, int N, int bits, int group, float *y);
+
+/* A quantized weight as mtplx_qmm takes it: [N, K] in MLX's affine layout. */
+typedef struct {
+    const uint32_t *w;
+    const void *scales;
+    const void *biases;
+    int half; /* scales and biases are float16 (else float32) */
+    int N, K, bits, group;
+} mtplx_qweight;
+
+/* Scratch for a call's intermediate rows: a decode step's (a few KB) is kept per thread and
+ * reused, since malloc and free of it in every call of every layer showed in profiles; a
+ * prompt chunk's (MBs) is allocated for the call and freed, so no thread holds it after. */
+enum { KEPT_SCRATCH = 1 << 20 };
+static __thread float *kept;
+static __thread size_t kept_bytes;
+
+static float *scratch(size_t bytes) {
+    if (bytes > KEPT_SCRATCH) return malloc(bytes);
+    if (bytes > kept_bytes) {
+        free(kept);
+        kept = malloc(KEPT_SCRATCH);
+        kept_bytes = kept ? KEPT_SCRATCH : 0;
+    }
+    return kept;
+}
+
+static void release(float *p) {
+    if (p != kept) free(p);
+}
+
+static int product(const float *x, int M, const mtplx_qweight *w, float *y) {
+    return mtplx_qmm(x, M, w->K, w->w, w->scales, w->biases, w->half, w->N, w->bits, w->group,
+                     y);
+}
+
+/* rms_norm of n rows of H: see the header for the order. */
+static void rms_norm(const float *x, const float *w, float eps, int n, int H, float *out) {
+    const float inv = (float)(1.0 / (double)H);
+    for (int i = 0; i < n; i++) {
+        const float *row = x + (long)i * H;
+        float *o = out + (long)i * H;
+        float s = 0.0f;
+        for (int e = 0; e < H; e++) {
+            const float sq = row[e] * row[e];
+            s = s + sq;
+        }
+        const float r = 1.0f / sqrtf(s * inv + eps);
+        for (int e = 0; e < H; e++) {
+            const float scaled = row[e] * r;
+            o[e] = scaled * w[e];
+        }
+    }
+}
+
+/* mx.fast.rms_norm on the CPU, alone (for tests). */
+void mtplx_layer_rms_norm(const float *x, const float *w, float eps, int n, int H, float *out) {
+    rms_norm(x, w, eps, n, H, out);
+}
+
+/* MLX's CPU exp (simd::exp at its scalar width): 2^(x log2 e) as 2^round(.) times a
+ * degree-6 polynomial of the fraction in fused multiply-adds (fmaf: one rounding each, in
+ * hardware or in the C library alike), the bounds and NaN as MLX selects them. */
+static inline float mlx_exp(float x_init) {
+    if (isnan(x_init)) return x_init;
+    if (x_init > 88.0f) return INFINITY;
+    if (x_init < -88.0f) return 0.0f;
+    const float x = x_init * 1.442695f;
+    /* floor(x + 0.5) with 0.5 a double: exact in double, an integer that a float holds */
+    const float ipart = (float)floor((double)x + 0.5);
+    const float fpart = x - ipart;
+    float p = 1.535336188319500e-4f;
+    p = fmaf(p, fpart, 1.339887440266574e-3f);
+    p = fmaf(p, fpart, 9.618437357674640e-3f);
+    p = fmaf(p, fpart, 5.550332471162809e-2f);
+    p = fmaf(p, fpart, 2.402264791363012e-1f);
+    p = fmaf(p, fpart, 6.931472028550421e-1f);
+    p = fmaf(p, fpart, 1.000000000000000f);
+    const uint32_t bits = (uint32_t)((int32_t)ipart + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return scale * p;
+}
+
+float mtplx_layer_exp(float x) { return mlx_exp(x); }
+
+/* MLX's CPU sigmoid: y = 1 / (1 + exp(|g|)), g < 0 ? y : 1 - y. */
+static inline float sigmoid(float g) {
+    const float y = 1.0f / (1.0f + mlx_exp(fabsf(g)));
+    return g < 0.0f ? y : 1.0f - y;
+}
+
+/* mlx-lm's swiglu over n rows: gate_up [n, 2 I] ([gate | up]) -> out [n, I]. */
+static void swiglu(const float *gate_up, int n, int I, float *out) {
+    for (int i = 0; i < n; i++) {
+        const float *g = gate_up + (long)i * 2 * I, *u = g + I;
+        float *o = out + (long)i * I;
+        for (int e = 0; e < I; e++) {
+            const float silu = g[e] * sigmoid(g[e]);
+            o[e] = silu * u[e];
+        }
+    }
+}
+
+void mtplx_layer_swiglu(const float *gate_up, int n, int I, float *out) {
+    swiglu(gate_up, n, I, out);
+}
+
+/* One head's RoPE: src [d] -> dst [d], angles c, s [dims / 2]. */
+static inline void rope(const float *src, const float *c, const float *s, int d, int dims,
+                        float *dst) {
+    const int half = dims / 2;
+    for (int j = 0; j < half; j++) {
+        const float x1 = src[j], x2 = src[j + half];
+        const float a = x1 * c[j], b = x2 * s[j];
+        const float e = x1 * s[j], f = x2 * c[j];
+        dst[j] = a - b;
+        dst[j + half] = e + f;
+    }
+    for (int j = dims; j < d; j++) dst[j] = src[j];
+}
+
+/* The first half: x [n, H] -> q [n, heads, d], k [n, kv, d], v [n, kv, d] (q, k roped).
+ * cos, sin: [rope_rows, dims / 2], one row per token (rope_rows == n) or one for all (1).
+ * Returns 0, -1 for arguments the products do not take, -3 when memory runs out. */
+int mtplx_layer_before(const float *x, int n, int H, const float *norm, float eps,
+                       const mtplx_qweight *qkv, int heads, int kv, int d, int dims,
+                       const float *cos, const float *sin, int rope_rows, float *q, float *k,
+                       float *v) {
+    const int width = qkv->N, half = dims / 2;
+    if (qkv->K != H || width != (heads + 2 * kv) * d || dims > d || dims % 2) return -1;
+    float *h = scratch(sizeof(float) * ((size_t)n * H + (size_t)n * width));
+    if (h == NULL) return -3;
+    float *y = h + (size_t)n * H;
+    rms_norm(x, norm, eps, n, H, h);
+    int status = product(h, n, qkv, y);
+    for (int i = 0; status == 0 && i < n; i++) {
+        const float *row = y + (long)i * width;
+        const long at = rope_rows == 1 ? 0 : (long)i * half;
+        for (int head = 0; head < heads; head++)
+            rope(row + (long)head * d, cos + at, sin + at, d, dims,
+                 q + ((long)i * heads + head) * d);
+        for (int head = 0; head < kv; head++)
+            rope(row + (long)(heads + head) * d, cos + at, sin + at, d, dims,
+                 k + ((long)i * kv + head) * d);
+        memcpy(v + (long)i * kv * d, row + (long)(heads + kv) * d, sizeof(float) * kv * d);
+    }
+    release(h);
+    return status;
+}
+
+/* The second half: x [n, H], attended [n, A] -> out [n, H] (see the header).
+ * Returns 0, -1 for arguments the products do not take, -3 when memory runs out. */
+int mtplx_layer_after(const float *x, const float *attended, int n, int H,
+                      const mtplx_qweight *o_proj, const float *norm, float eps,
+                      const mtplx_qweight *gate_up, const mtplx_qweight *down, float *out) {
+    const int I = down->K;
+    if (o_proj->N != H || gate_up->K != H || gate_up->N != 2 * I || down->N != H) return -1;
+    const size_t rows = (size_t)n;
+    float *x1 = scratch(sizeof(float) * (rows * H * 2 + rows * 3 * I));
+    if (x1 == NULL) return -3;
+    float *h = x1 + rows * H, *gu = h + rows * H, *g = gu + rows * 2 * I;
+    int status = product(attended, n, o_proj, x1);
+    if (status == 0) {
+        for (size_t e = 0; e < rows * H; e++) x1[e] = x[e] + x1[e];
+        rms_norm(x1, norm, eps, n, H, h);
+        status = product(h, n, gate_up, gu);
+    }
+    if (status == 0) {
+        swiglu(gu, n, I, g);
+        status = product(g, n, down, out);
+    }
+    if (status == 0)
+        for (size_t e = 0; e < rows * H; e++) out[e] = x1[e] + out[e];
+    release(x1);
+    return status;
+}
