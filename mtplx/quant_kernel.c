@@ -555,10 +555,13 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scale
  */
 #if defined(__AVX512BW__)
 #define XCHUNK 128 /* a 64-byte load of packed 4-bit weights */
+#define MASKED_TAIL 1 /* a row's partial last block read by masked loads, not copied */
 #elif defined(__AVX2__)
 #define XCHUNK 32 /* a 16-byte load, spread over a 32-byte register */
+#define MASKED_TAIL 0
 #else
 #define XCHUNK 0
+#define MASKED_TAIL 0
 #endif
 
 typedef float v16f __attribute__((vector_size(64)));
@@ -641,16 +644,28 @@ static inline __m512i dot_u8(__m512i acc, __m512i u, __m512i s) {
 
 /* One load's products: 128 elements of 4-bit weights or 64 of 8-bit ones, into 16 lanes
  * whose 128-bit quarters each cover 32 (16) consecutive elements. */
-static inline __m512i step_dot(const uint8_t *w, const int8_t *x, const int bits, int t) {
+/* 64 weight bytes at w + off; with avail >= 0 (a row's last, partial block) only those of
+ * the row's avail bytes from w, the rest zero (a masked load reads nothing past the row). */
+static inline __attribute__((always_inline)) __m512i load_w(const uint8_t *w, long off,
+                                                             const long avail) {
+    if (avail < 0) return _mm512_loadu_si512(w + off);
+    const long n = avail - off < 0 ? 0 : avail - off > 64 ? 64 : avail - off;
+    const __mmask64 mask = n == 64 ? ~0ULL : (1ULL << n) - 1;
+    return _mm512_maskz_loadu_epi8(mask, w + off);
+}
+
+static inline __attribute__((always_inline)) __m512i step_dot(const uint8_t *w, const int8_t *x,
+                                                               const int bits, int t,
+                                                               const long avail) {
     if (bits == 4) {
-        const __m512i packed = _mm512_loadu_si512(w + 64L * t);
+        const __m512i packed = load_w(w, 64L * t, avail);
         const __m512i nib = _mm512_set1_epi8(15);
         const __m512i lo = _mm512_and_si512(packed, nib);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
         __m512i acc = dot_u4(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x + 128L * t));
         return dot_u4(acc, hi, _mm512_loadu_si512(x + 128L * t + 64));
     }
-    return dot_u8(_mm512_setzero_si512(), _mm512_loadu_si512(w + 64L * t),
+    return dot_u8(_mm512_setzero_si512(), load_w(w, 64L * t, avail),
                   _mm512_loadu_si512(x + 64L * t));
 }
 
@@ -661,26 +676,32 @@ static inline __m512i fold2(__m512i a, __m512i b) {
 }
 
 /* A block's products for one column: quarter j holds group j's in 4 lanes. */
-static inline __m512i block_dot(const uint8_t *w, const int8_t *x, const int bits,
-                                const int group) {
+static inline __attribute__((always_inline)) __m512i block_dot(const uint8_t *w,
+                                                                const int8_t *x, const int bits,
+                                                                const int group,
+                                                                const long avail) {
     const int steps = 4 * group / (bits == 4 ? 128 : 64);
-    if (steps == 1) return step_dot(w, x, bits, 0);
-    if (steps == 2) return fold2(step_dot(w, x, bits, 0), step_dot(w, x, bits, 1));
+    if (steps == 1) return step_dot(w, x, bits, 0, avail);
+    if (steps == 2)
+        return fold2(step_dot(w, x, bits, 0, avail), step_dot(w, x, bits, 1, avail));
     const int per = steps / 4;
     __m512i a[4];
     for (int j = 0; j < 4; j++) {
-        a[j] = step_dot(w, x, bits, j * per);
+        a[j] = step_dot(w, x, bits, j * per, avail);
         for (int t = 1; t < per; t++)
-            a[j] = _mm512_add_epi32(a[j], step_dot(w, x, bits, j * per + t));
+            a[j] = _mm512_add_epi32(a[j], step_dot(w, x, bits, j * per + t, avail));
     }
     return fold2(fold2(a[0], a[1]), fold2(a[2], a[3]));
 }
 
 /* P of 4 columns x 4 groups of a block, lane 4 c + j. */
-static inline v16i block_p(const uint8_t *const w[4], const int8_t *x, const int bits,
-                           const int group) {
-    const __m512i v0 = block_dot(w[0], x, bits, group), v1 = block_dot(w[1], x, bits, group);
-    const __m512i v2 = block_dot(w[2], x, bits, group), v3 = block_dot(w[3], x, bits, group);
+static inline __attribute__((always_inline)) v16i block_p(const uint8_t *const w[4],
+                                                           const int8_t *x, const int bits,
+                                                           const int group, const long avail) {
+    const __m512i v0 = block_dot(w[0], x, bits, group, avail);
+    const __m512i v1 = block_dot(w[1], x, bits, group, avail);
+    const __m512i v2 = block_dot(w[2], x, bits, group, avail);
+    const __m512i v3 = block_dot(w[3], x, bits, group, avail);
     /* A 4 x 4 transpose-and-sum inside each quarter: lane 4 j + c = P[c][j] ... */
     const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1),
                                          _mm512_unpackhi_epi32(v0, v1));
@@ -713,7 +734,7 @@ static inline __m256i dot_u8(__m256i acc, __m256i u, __m256i s) {
 }
 
 /* Group j of a block (relative to the block's start), one column, 8 partial lanes. */
-static inline __m256i group_dot(const uint8_t *w, const int8_t *x, const int bits,
+static inline __attribute__((always_inline)) __m256i group_dot(const uint8_t *w, const int8_t *x, const int bits,
                                 const int group, int j) {
     __m256i acc = _mm256_setzero_si256();
     for (int u = j * group / 32; u < (j + 1) * group / 32; u++) {
@@ -730,8 +751,10 @@ static inline __m256i group_dot(const uint8_t *w, const int8_t *x, const int bit
     return acc;
 }
 
-static inline v16i block_p(const uint8_t *const w[4], const int8_t *x, const int bits,
-                           const int group) {
+static inline __attribute__((always_inline)) v16i block_p(const uint8_t *const w[4],
+                                                           const int8_t *x, const int bits,
+                                                           const int group, const long avail) {
+    (void)avail; /* a partial block is read from a zero-padded copy */
     int32_t out[16];
     for (int c = 0; c < 4; c++) {
         const __m256i a0 = group_dot(w[c], x, bits, group, 0);
@@ -747,8 +770,10 @@ static inline v16i block_p(const uint8_t *const w[4], const int8_t *x, const int
     return v;
 }
 #else
-static inline v16i block_p(const uint8_t *const w[4], const int8_t *x, const int bits,
-                           const int group) {
+static inline __attribute__((always_inline)) v16i block_p(const uint8_t *const w[4],
+                                                           const int8_t *x, const int bits,
+                                                           const int group, const long avail) {
+    (void)avail; /* a partial block is read from a zero-padded copy */
     v16i out;
     for (int c = 0; c < 4; c++)
         for (int j = 0; j < 4; j++) {
@@ -790,13 +815,40 @@ static void tile_params(const qmm_t *p, const void *base, const int cols[4], int
     for (int kb = 0; kb < KB; kb++) {
         float *o = out + 16L * kb;
         if (4 * kb + 4 <= p->G && p->half) {
-            uint16_t h[16];
+            uint64_t h[4]; /* 4 halves a column */
             for (int c = 0; c < 4; c++)
-                memcpy(h + 4 * c, (const uint16_t *)base + (long)cols[c] * p->G + 4 * kb, 8);
-            halves_to_floats(h, o);
+                memcpy(h + c, (const uint16_t *)base + (long)cols[c] * p->G + 4 * kb, 8);
+#if defined(__AVX512F__)
+            /* Built in registers: storing h and loading it as one vector would stall on
+             * store forwarding. */
+            _mm512_storeu_ps(o, _mm512_cvtph_ps(_mm256_setr_epi64x((long long)h[0],
+                                                                   (long long)h[1],
+                                                                   (long long)h[2],
+                                                                   (long long)h[3])));
+#else
+            halves_to_floats((const uint16_t *)h, o);
+#endif
         } else if (4 * kb + 4 <= p->G) {
             for (int c = 0; c < 4; c++)
                 memcpy(o + 4 * c, (const float *)base + (long)cols[c] * p->G + 4 * kb, 16);
+        } else if (MASKED_TAIL) {
+#if MASKED_TAIL
+            const __mmask8 mask = (__mmask8)((1u << (p->G - 4 * kb)) - 1);
+            if (p->half) {
+                __m128i h[4];
+                for (int c = 0; c < 4; c++)
+                    h[c] = _mm_maskz_loadu_epi16(mask, (const uint16_t *)base +
+                                                           (long)cols[c] * p->G + 4 * kb);
+                const __m256i v = _mm256_set_m128i(_mm_unpacklo_epi64(h[2], h[3]),
+                                                   _mm_unpacklo_epi64(h[0], h[1]));
+                _mm512_storeu_ps(o, _mm512_cvtph_ps(v));
+            } else {
+                for (int c = 0; c < 4; c++)
+                    _mm_storeu_ps(o + 4 * c,
+                                  _mm_maskz_loadu_ps(mask, (const float *)base +
+                                                               (long)cols[c] * p->G + 4 * kb));
+            }
+#endif
         } else {
             for (int c = 0; c < 4; c++)
                 for (int j = 0; j < 4; j++)
@@ -807,10 +859,56 @@ static void tile_params(const qmm_t *p, const void *base, const int cols[4], int
     }
 }
 
-static void columns_int8(const qmm_t *p, int n0, int n1) {
-    const int KB = p->GP / 4, full = p->G / 4, bits = p->bits, group = p->group;
+/* Rows r0..r0+R of a 4-column tile: each row's arithmetic is the same whatever R is; R > 1
+ * only lets the rows share the weights' loads and unpacking (register tiling). */
+#define I8_ROWS 4
+static inline __attribute__((always_inline)) void rows_int8(const qmm_t *p, int r0, const int R,
+                                                            int n, int C, const int cols[4],
+                                                            const float *sc, const float *bi,
+                                                            const uint8_t *tail, const int bits,
+                                                            const int group) {
+    const int KB = p->GP / 4, full = p->G / 4;
     const long row_bytes = (long)p->K * bits / 8, block_bytes = 4L * group * bits / 8;
     const long block_elems = 4L * group;
+    v16f acc[I8_ROWS];
+    for (int rr = 0; rr < R; rr++) acc[rr] = (v16f){0};
+    for (int kb = 0; kb < KB; kb++) {
+        const uint8_t *wc[4];
+        const int whole = kb < full || MASKED_TAIL;
+        for (int c = 0; c < 4; c++)
+            wc[c] = whole ? p->w + cols[c] * row_bytes + kb * block_bytes : tail + c * block_bytes;
+        v16f scale, bias;
+        memcpy(&scale, sc + 16L * kb, sizeof scale);
+        memcpy(&bias, bi + 16L * kb, sizeof bias);
+        for (int rr = 0; rr < R; rr++) {
+            const long r = r0 + rr;
+            const int8_t *xb = p->x8 + r * p->KP + kb * block_elems;
+            const v16i P = kb < full ? block_p(wc, xb, bits, group, -1)
+                                     : block_p(wc, xb, bits, group, row_bytes - full * block_bytes);
+            v4f d4, s4;
+            memcpy(&d4, p->xd + r * p->GP + 4 * kb, sizeof d4);
+            memcpy(&s4, p->xs + r * p->GP + 4 * kb, sizeof s4);
+            const v16f dv =
+                __builtin_shufflevector(d4, d4, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+            const v16f sv =
+                __builtin_shufflevector(s4, s4, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+            const v16f pf = __builtin_convertvector(P, v16f); /* exact: |P| < 2^24 */
+            const v16f t = scale * pf + bias * sv; /* two roundings, then the sum's */
+            acc[rr] = acc[rr] + dv * t;
+        }
+    }
+    for (int rr = 0; rr < R; rr++) {
+        float *yr = p->y + (long)(r0 + rr) * p->N + n;
+        for (int c = 0; c < C; c++)
+            yr[c] = (acc[rr][4 * c] + acc[rr][4 * c + 1]) + (acc[rr][4 * c + 2] + acc[rr][4 * c + 3]);
+    }
+}
+
+static inline __attribute__((always_inline)) void columns_int8_kind(const qmm_t *p, int n0,
+                                                                   int n1, const int bits,
+                                                                   const int group) {
+    const int KB = p->GP / 4, full = p->G / 4;
+    const long row_bytes = (long)p->K * bits / 8, block_bytes = 4L * group * bits / 8;
     float *sc = aligned_alloc(64, sizeof(float) * 32 * (size_t)KB);
     float *bi = sc + 16L * KB;
     uint8_t *tail = aligned_alloc(64, (size_t)(4 * block_bytes));
@@ -820,43 +918,31 @@ static void columns_int8(const qmm_t *p, int n0, int n1) {
         for (int c = 0; c < 4; c++) cols[c] = n + c < p->N ? n + c : p->N - 1;
         tile_params(p, p->scales, cols, KB, sc);
         tile_params(p, p->biases, cols, KB, bi);
-        if (full < KB) { /* the last, partial block: zero-padded copies of its weights */
+        if (!MASKED_TAIL && full < KB) { /* the last, partial block: zero-padded copies */
             memset(tail, 0, (size_t)(4 * block_bytes));
             for (int c = 0; c < 4; c++)
                 memcpy(tail + c * block_bytes, p->w + cols[c] * row_bytes + full * block_bytes,
                        (size_t)(row_bytes - full * block_bytes));
         }
-        for (int r = 0; r < p->M; r++) {
-            const int8_t *xr = p->x8 + (long)r * p->KP;
-            const float *dr = p->xd + (long)r * p->GP, *sr = p->xs + (long)r * p->GP;
-            v16f acc = {0};
-            for (int kb = 0; kb < KB; kb++) {
-                const uint8_t *wc[4];
-                for (int c = 0; c < 4; c++)
-                    wc[c] = kb < full ? p->w + cols[c] * row_bytes + kb * block_bytes
-                                      : tail + c * block_bytes;
-                const v16i P = block_p(wc, xr + kb * block_elems, bits, group);
-                v4f d4, s4;
-                memcpy(&d4, dr + 4 * kb, sizeof d4);
-                memcpy(&s4, sr + 4 * kb, sizeof s4);
-                const v16f dv = __builtin_shufflevector(d4, d4, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2,
-                                                        3, 0, 1, 2, 3);
-                const v16f sv = __builtin_shufflevector(s4, s4, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2,
-                                                        3, 0, 1, 2, 3);
-                v16f scale, bias;
-                memcpy(&scale, sc + 16L * kb, sizeof scale);
-                memcpy(&bias, bi + 16L * kb, sizeof bias);
-                const v16f pf = __builtin_convertvector(P, v16f); /* exact: |P| < 2^24 */
-                const v16f t = scale * pf + bias * sv; /* two roundings, then the sum's */
-                acc = acc + dv * t;
-            }
-            float *yr = p->y + (long)r * p->N + n;
-            for (int c = 0; c < C; c++)
-                yr[c] = (acc[4 * c] + acc[4 * c + 1]) + (acc[4 * c + 2] + acc[4 * c + 3]);
-        }
+        int r = 0;
+        for (; r + I8_ROWS <= p->M; r += I8_ROWS)
+            rows_int8(p, r, I8_ROWS, n, C, cols, sc, bi, tail, bits, group);
+        for (; r < p->M; r++) rows_int8(p, r, 1, n, C, cols, sc, bi, tail, bits, group);
     }
     free(tail);
     free(sc);
+}
+
+/* Columns n0..n1, all rows, in the integer-dot mode: one specialised copy per kind. */
+static void columns_int8(const qmm_t *p, int n0, int n1) {
+    switch (p->bits * 1000 + p->group) {
+    case 4032: columns_int8_kind(p, n0, n1, 4, 32); return;
+    case 4064: columns_int8_kind(p, n0, n1, 4, 64); return;
+    case 4128: columns_int8_kind(p, n0, n1, 4, 128); return;
+    case 8032: columns_int8_kind(p, n0, n1, 8, 32); return;
+    case 8064: columns_int8_kind(p, n0, n1, 8, 64); return;
+    default: columns_int8_kind(p, n0, n1, 8, 128); return;
+    }
 }
 
 /* mtplx_qmm's arguments, the integer-dot mode: x quantized to 8 bits per group and
