@@ -17,10 +17,9 @@ import os
 import statistics
 import time
 
-import mtplx  # noqa: F401  (enables the BLAS shim before MLX loads)
-import mlx.core as mx
 import numpy as np
 
+import mtplx  # noqa: F401  (enables the BLAS shim before MLX loads)
 from mtplx import quant
 
 # (name, N, K, bits): one layer's products and the LM head.
@@ -36,6 +35,8 @@ GROUP = 32
 
 
 def _weights(n: int, k: int, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    import mlx.core as mx  # after mtplx: the BLAS shim comes first
+
     rng = np.random.default_rng(n + k + bits)
     w = mx.array(rng.standard_normal((n, k)).astype(np.float32) * 0.05)
     packed, scales, biases = mx.quantize(w, group_size=GROUP, bits=bits)
