@@ -527,7 +527,8 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scale
  *
  *     d[m, g] = (max over the group of |x[m, k]|) / 127                        (float32)
  *     x8[m, k] = rint(x[m, k] / d[m, g]), clamped to [-127, 127]  (ties to even; an
- *                all-zero group, or one whose d rounds to 0, has d = 0 and x8 = 0)
+ *                all-zero group, or one whose d rounds to 0, has d = 0 and x8 = 0; a
+ *                group holding an infinity or NaN has d = NaN and x8 = 0)
  *
  * and each output element is
  *
@@ -592,12 +593,18 @@ static void quantize_rows(const float *x, int M, int K, int group, int bits, int
             if (g < G) {
                 const float *xg = xr + (long)g * group;
                 float amax = 0.0f;
+                int finite = 1;
                 for (int i = 0; i < group; i++) {
                     const float a = __builtin_fabsf(xg[i]);
                     amax = a > amax ? a : amax;
+                    finite &= a <= 3.40282347e38f; /* false for inf and NaN */
                 }
                 d = amax / 127.0f;
-                if (d > 0.0f) {
+                if (!finite) {
+                    /* A NaN or infinity reaches the outputs as NaN (as in a float product),
+                     * not as whatever an 8-bit rounding of it would be. */
+                    d = __builtin_nanf("");
+                } else if (d > 0.0f) {
                     for (int i = 0; i < group; i++) {
                         float v = __builtin_rintf(xg[i] / d);
                         v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;

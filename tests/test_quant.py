@@ -241,18 +241,23 @@ def _int8_reference(x: np.ndarray, packed, scales, biases, bits: int, group: int
     m = x.shape[0]
     n, g_count = s.shape
     xg = x.reshape(m, g_count, group)
-    d = np.abs(xg).max(axis=2) / np.float32(127)  # [M, G] float32
-    live = d > 0
-    x8 = np.rint(xg / np.where(live, d, np.float32(1))[..., None])
+    finite = np.isfinite(xg).all(axis=2)
+    safe = np.where(np.isfinite(xg), xg, np.float32(0))
+    d = np.abs(safe).max(axis=2) / np.float32(127)  # [M, G] float32
+    live = (d > 0) & finite
+    with np.errstate(invalid="ignore"):
+        x8 = np.rint(safe / np.where(live, d, np.float32(1))[..., None])
     x8 = np.where(live[..., None], np.clip(x8, -127, 127), 0).astype(np.int64)
     d = np.where(live, d, np.float32(0)).astype(np.float32)
+    d = np.where(finite, d, np.float32(np.nan)).astype(np.float32)
     sums = x8.sum(axis=2).astype(np.float32)  # S [M, G], exact
     p = np.einsum("mgi,ngi->mng", x8, q.reshape(n, g_count, group)).astype(np.float32)
     assert d.dtype == sums.dtype == p.dtype == s.dtype == np.float32
     c = d[:, None, :] * (s[None] * p + b[None] * sums[:, None, :])  # [M, N, G] float32
     partial = np.zeros((m, n, 4), np.float32)
-    for g in range(g_count):
-        partial[..., g % 4] += c[..., g]
+    with np.errstate(invalid="ignore"):
+        for g in range(g_count):
+            partial[..., g % 4] += c[..., g]
     return (partial[..., 0] + partial[..., 1]) + (partial[..., 2] + partial[..., 3])
 
 
@@ -296,6 +301,12 @@ def test_int8_mode_edge_rows_equal_the_twin(bits: int, group: int) -> None:
     y = _int8(rows, packed, scales, biases, bits, group)
     np.testing.assert_array_equal(y, _int8_reference(rows, packed, scales, biases, bits, group))
     assert (y[4] == 0).all() and np.isfinite(y).all()
+    # A NaN or an infinity reaches every output of its row as NaN, as in a float product.
+    rows[1, 5] = np.nan
+    rows[2, 2 * group + 1] = np.inf
+    y = _int8(rows, packed, scales, biases, bits, group)
+    np.testing.assert_array_equal(y, _int8_reference(rows, packed, scales, biases, bits, group))
+    assert np.isnan(y[1:3]).all() and np.isfinite(np.delete(y, [1, 2], axis=0)).all()
 
 
 def test_int8_mode_is_close_to_the_float_product() -> None:
