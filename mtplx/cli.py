@@ -59,12 +59,21 @@ def main(argv: list[str] | None = None) -> int:
             help="how the CPU serves quantized weights: native (default: as stored, on the "
             "batch-invariant quantized kernel) or f32 (dequantized); sets MTPLX_WEIGHTS",
         )
+        commands.choices[name].add_argument(
+            "--activations",
+            choices=("int8", "float32"),
+            help="how the quantized kernel treats the rows it multiplies: float32 (the float "
+            "product of the dequantized weights) or int8 (rows quantized to 8 bits per group, "
+            "integer dot products: faster, different numbers); sets MTPLX_ACTIVATIONS",
+        )
     args = parser.parse_args(argv)
     # Before anything imports mlx-lm, which would otherwise set the open-file limits itself.
     import_mlx_lm()
     if getattr(args, "weights", None):
         # Every load path (the default model's cache directory included) reads it from here.
         os.environ["MTPLX_WEIGHTS"] = args.weights
+    if getattr(args, "activations", None):
+        os.environ["MTPLX_ACTIVATIONS"] = args.activations
     if args.command == "convert-gguf":
         from mtplx.models.gguf import convert_gguf  # deferred: gguf/transformers load slowly
 

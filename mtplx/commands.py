@@ -253,6 +253,7 @@ def describe_blas() -> Mapping[str, Any]:
         "fast": info.fast,
         "fallback_reason": _PATH.sub("<path>", reason) if reason else reason,
         "quantized_kernel": _quantized_kernel(),
+        "quantized_activations": _quantized_activations(),
     }
 
 
@@ -262,6 +263,15 @@ def _quantized_kernel() -> str | None:
     import mtplx.quant as quant
 
     return quant.quant_info().kernel if quant.loaded() else None
+
+
+def _quantized_activations() -> str | None:
+    """How the quantized kernel treats its rows (``MTPLX_ACTIVATIONS``: ``int8`` or
+    ``float32``) when this process built it, else None."""
+    import mtplx.quant as quant
+    from mtplx.models.quantized import activations_format
+
+    return activations_format() if quant.loaded() else None
 
 
 def _prompt_ids(tokenizer: Any, args: argparse.Namespace) -> list[int]:

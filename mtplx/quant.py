@@ -14,7 +14,8 @@ baseline; never ``-march=native``), and the variant's flags, the sources, MLX's 
 nanobind's versions and the Python ABI are in the cache key, so a cached build never runs
 where it was not built for. Building needs a C/C++ compiler and the ``nanobind`` package
 (a build dependency: its sources are compiled into the extension). ``MTPLX_QUANT_VARIANT``
-forces a variant (``avx512``, ``avx2``, ``portable``), e.g. to compare them in tests.
+forces a variant (``avx512vnni``, ``avx512``, ``avx2``, ``portable``), e.g. to compare them
+in tests.
 
 The same extension holds the fused attention kernel (``attn_kernel.c``, ``mtplx.attention``):
 one build, one cache entry, the same variants.
@@ -48,6 +49,7 @@ from mtplx.blas_shim import Unavailable, cpu_features
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ACTIVATIONS",
     "QuantInfo",
     "Unavailable",
     "available",
@@ -60,7 +62,7 @@ __all__ = [
     "set_threads",
 ]
 
-_VERSION = 2  # bump when the build recipe changes, to invalidate cached builds
+_VERSION = 3  # bump when the build recipe changes, to invalidate cached builds
 _HERE = Path(__file__).resolve().parent
 _KERNEL = _HERE / "quant_kernel.c"
 _ATTENTION = _HERE / "attn_kernel.c"  # the fused attention (``mtplx.attention``), same library
@@ -70,6 +72,12 @@ _EXT = _HERE / "quant_ext.cpp"
 # Variant -> (the CPU features it needs, the compiler flags it is built with). FMA is part
 # of every x86 vector variant, so they all fuse their multiply-adds (quant_kernel.c).
 _VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # AVX-512 with VNNI (vpdpbusd: 64 u8 x s8 products an instruction) for the integer-dot
+    # mode; the float mode compiles to the same code as "avx512".
+    "avx512vnni": (
+        ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"),
+    ),
     "avx512": (
         ("avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"),
         ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"),
@@ -77,6 +85,8 @@ _VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "avx2": (("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
     "portable": ((), ()),
 }
+# How a product treats its rows (``qmm``'s ``activations``).
+ACTIVATIONS = ("int8", "float32")
 _C_FLAGS = ("-O3", "-ffp-contract=off", "-fPIC", "-pthread", "-Wno-psabi")
 _CXX_FLAGS = ("-O2", "-std=c++20", "-fPIC", "-fvisibility=hidden", "-fno-strict-aliasing")
 
@@ -114,7 +124,11 @@ def runnable_variants(
     machine = machine or platform.machine()
     runnable = []
     if machine in ("x86_64", "AMD64"):
-        runnable = [n for n in ("avx512", "avx2") if all(f in features for f in _VARIANTS[n][0])]
+        runnable = [
+            n
+            for n in ("avx512vnni", "avx512", "avx2")
+            if all(f in features for f in _VARIANTS[n][0])
+        ]
     return [*runnable, "portable"]
 
 
@@ -362,13 +376,21 @@ def qmm(
     biases: mx.array,
     bits: int,
     group_size: int,
+    activations: str = "float32",
 ) -> mx.array:
     """``x @ dequantize(w, scales, biases, group_size, bits).T`` (float32), lazily.
 
-    On the CPU: the batch-invariant kernel. Elsewhere (Metal): ``mx.quantized_matmul``.
+    On the CPU: the batch-invariant kernel. ``activations="float32"`` multiplies x by the
+    dequantized weights exactly as a float32 product would (to its rounding);
+    ``activations="int8"`` quantizes each row of x per weight group to 8 bits and uses
+    integer dot products (``quant_kernel.c`` defines the arithmetic; faster, different
+    numbers, equally batch-invariant). Elsewhere (Metal): ``mx.quantized_matmul``, which
+    ignores ``activations``.
     """
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations={activations!r}: expected one of {ACTIVATIONS}")
     if mx.default_device() != mx.cpu:
         return mx.quantized_matmul(
             x, w, scales, biases, transpose=True, group_size=group_size, bits=bits
         )
-    return load_extension().qmm(x, w, scales, biases, bits, group_size)
+    return load_extension().qmm(x, w, scales, biases, bits, group_size, activations == "int8")

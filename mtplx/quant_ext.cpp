@@ -32,6 +32,8 @@ namespace mx = mlx::core;
 extern "C" {
 int mtplx_qmm(const float* x, int M, int K, const uint32_t* w, const void* scales,
               const void* biases, int half, int N, int bits, int group, float* y);
+int mtplx_qmm_int8(const float* x, int M, int K, const uint32_t* w, const void* scales,
+                   const void* biases, int half, int N, int bits, int group, float* y);
 void mtplx_qmm_set_threads(int threads);
 int mtplx_qmm_threads(void);
 unsigned long mtplx_qmm_split_calls(void);
@@ -88,8 +90,8 @@ const void* dense(const mx::array& a, std::vector<char>& scratch) {
 
 class QuantizedRows : public mx::UnaryPrimitive {
  public:
-  QuantizedRows(mx::Stream stream, int bits, int group)
-      : mx::UnaryPrimitive(stream), bits_(bits), group_(group) {}
+  QuantizedRows(mx::Stream stream, int bits, int group, bool int8)
+      : mx::UnaryPrimitive(stream), bits_(bits), group_(group), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const mx::array& x = inputs[0];
@@ -110,15 +112,17 @@ class QuantizedRows : public mx::UnaryPrimitive {
                       s = mx::array::unsafe_weak_copy(scales),
                       b = mx::array::unsafe_weak_copy(biases),
                       y = mx::array::unsafe_weak_copy(out), M, K, N, bits = bits_,
-                      group = group_]() mutable {
+                      group = group_, int8 = int8_]() mutable {
       const int half = s.dtype() == mx::float16;
       // The kernel reads row-contiguous inputs: the rare input that is not (a view) is
       // copied here, when its data is ready, rather than by a Contiguous node per input in
       // the graph, which would cost every product four more dispatches (~16 a layer).
       std::vector<char> xd, wd, sd, bd;
-      if (mtplx_qmm(static_cast<const float*>(dense(x, xd)), M, K,
-                    static_cast<const uint32_t*>(dense(w, wd)), dense(s, sd), dense(b, bd), half,
-                    N, bits, group, y.data<float>()) != 0) {
+      // The integer-dot mode quantizes x per group to 8 bits (quant_kernel.c).
+      auto product = int8 ? mtplx_qmm_int8 : mtplx_qmm;
+      if (product(static_cast<const float*>(dense(x, xd)), M, K,
+                  static_cast<const uint32_t*>(dense(w, wd)), dense(s, sd), dense(b, bd), half, N,
+                  bits, group, y.data<float>()) != 0) {
         throw std::runtime_error("mtplx quantized product: unsupported arguments");
       }
     });
@@ -132,7 +136,7 @@ class QuantizedRows : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const QuantizedRows*>(&other);
-    return o != nullptr && o->bits_ == bits_ && o->group_ == group_;
+    return o != nullptr && o->bits_ == bits_ && o->group_ == group_ && o->int8_ == int8_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -144,10 +148,11 @@ class QuantizedRows : public mx::UnaryPrimitive {
  private:
   int bits_;
   int group_;
+  bool int8_;
 };
 
 mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales,
-              const mx::array& biases, int bits, int group_size) {
+              const mx::array& biases, int bits, int group_size, bool int8) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128)
     throw std::invalid_argument("group_size must be 32, 64 or 128");
@@ -171,7 +176,7 @@ mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales,
   auto bc = mx::astype(biases, params, stream);
   mx::Shape shape = x.shape();
   shape.back() = N;
-  return mx::array(shape, mx::float32, std::make_shared<QuantizedRows>(stream, bits, group_size),
+  return mx::array(shape, mx::float32, std::make_shared<QuantizedRows>(stream, bits, group_size, int8),
                    {xf, w, sc, bc});
 }
 
@@ -572,8 +577,9 @@ mx::array swiglu_reference(const mx::array& gate_up) {
 NB_MODULE(_mtplx_quant, m) {
   m.doc() = "Batch-invariant quantized products (MLX affine layout) for the CPU";
   m.def("qmm", &qmm, nb::arg("x"), nb::arg("w"), nb::arg("scales"), nb::arg("biases"),
-        nb::arg("bits"), nb::arg("group_size"),
-        "x @ dequantize(w, scales, biases).T as a lazy MLX array (float32, CPU stream).");
+        nb::arg("bits"), nb::arg("group_size"), nb::arg("int8") = false,
+        "x @ dequantize(w, scales, biases).T as a lazy MLX array (float32, CPU stream); int8: "
+        "x quantized to 8 bits per group, integer dot products.");
   m.def("set_threads", [](int t) { mtplx_qmm_set_threads(t); }, nb::arg("threads"));
   m.def("threads", []() { return mtplx_qmm_threads(); });
   m.def("split_calls", []() { return mtplx_qmm_split_calls(); });

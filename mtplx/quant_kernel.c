@@ -179,6 +179,12 @@ typedef struct {
     const void *biases; /* [N, G], the same type */
     float *y;            /* [M, N] */
     int M, N, K, G, bits, group, half;
+    /* Integer-dot mode (mtplx_qmm_int8): the rows quantized to 8 bits per group. */
+    int int8;
+    const int8_t *x8; /* [M, KP] in the variant's element order (see quantize_rows) */
+    const float *xd;  /* [M, GP] each group's step d (0 for an all-zero group) */
+    const float *xs;  /* [M, GP] each group's sum of x8, as a float (exact) */
+    int KP, GP;       /* K and G padded to whole blocks of 4 groups */
 } qmm_t;
 
 /* A scale or bias: float32, or float16 (half the bytes to read; GGUF's own scales are
@@ -354,8 +360,11 @@ static inline __attribute__((always_inline)) void columns_bits(const qmm_t *p, c
     free(panel);
 }
 
+static void columns_int8(const qmm_t *p, int n0, int n1);
+
 static void columns(const qmm_t *p, int n0, int n1) {
-    if (p->bits == 4) columns_bits(p, 4, n0, n1);
+    if (p->int8) columns_int8(p, n0, n1);
+    else if (p->bits == 4) columns_bits(p, 4, n0, n1);
     else columns_bits(p, 8, n0, n1);
 }
 
@@ -505,8 +514,461 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scale
         }
     }
     qmm_t p = {xp ? xp : x, (const uint8_t *)w, scales, biases, y, M, N, K, G, bits, group,
-               half != 0};
+               half != 0, 0, NULL, NULL, NULL, 0, 0};
     run(&p);
     free(xp);
+    return 0;
+}
+
+/* == Integer-dot mode ======================================================================
+ *
+ * mtplx_qmm_int8 computes the product the way llama.cpp does for its quantized types: each
+ * row of x is quantized per weight group to 8 bits, symmetric,
+ *
+ *     d[m, g] = (max over the group of |x[m, k]|) / 127                        (float32)
+ *     x8[m, k] = rint(x[m, k] / d[m, g]), clamped to [-127, 127]  (ties to even; an
+ *                all-zero group, or one whose d rounds to 0, has d = 0 and x8 = 0; a
+ *                group holding an infinity or NaN has d = NaN and x8 = 0)
+ *
+ * and each output element is
+ *
+ *     P = sum over the group of q[n, k] x8[m, k],   S = sum over the group of x8[m, k]
+ *                                                                  (integers, exact)
+ *     c_g = d[m, g] * (scale[n, g] * P + bias[n, g] * S)   (float32: two products, a sum,
+ *                                                           a product, each rounded; no FMA)
+ *     p_j = +0 + c_j + c_(j+4) + c_(j+8) + ...   (j = 0..3: groups g = j mod 4, ascending)
+ *     y[m, n] = (p_0 + p_1) + (p_2 + p_3)
+ *
+ * The integer sums are exact whatever their order, so the float steps above are the only
+ * rounding, and they read the element's own inputs only: every variant (AVX-512 VNNI's
+ * vpdpbusd, AVX-512BW's and AVX2's vpmaddubsw + vpmaddwd, portable C) gives the same bits,
+ * for any number of rows, columns or threads. The four strided partial sums let one vector
+ * hold 4 columns x 4 consecutive groups ("a block"); G is padded to whole blocks with groups
+ * whose d, S and weights are 0, which add exactly nothing (c = +-0, and no p_j is ever -0).
+ *
+ * vpmaddubsw adds two u8 x s8 products into an int16 with saturation: 4-bit weights (at
+ * most 2 x 15 x 127) never reach it, 8-bit ones (2 x 255 x 127) would, so 8-bit weights are
+ * split into their nibbles (q = lo + 16 hi) where vpdpbusd is missing.
+ *
+ * Element order: x8 is stored in the order the variant's weight loads produce. 4-bit weights
+ * are unpacked low nibbles (even elements) first, then high nibbles (odd elements), per
+ * XCHUNK elements; 8-bit weights and the portable variant keep the natural order.
+ */
+#if defined(__AVX512BW__)
+#define XCHUNK 128 /* a 64-byte load of packed 4-bit weights */
+#define MASKED_TAIL 1 /* a row's partial last block read by masked loads, not copied */
+#elif defined(__AVX2__)
+#define XCHUNK 32 /* a 16-byte load, spread over a 32-byte register */
+#define MASKED_TAIL 0
+#else
+#define XCHUNK 0
+#define MASKED_TAIL 0
+#endif
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef float v4f __attribute__((vector_size(16)));
+
+/* Where element k of a row goes in its x8 row (4-bit weights; 8-bit keep k). */
+static inline long x8_position(long k) {
+#if XCHUNK
+    const long base = k - k % XCHUNK, o = k % XCHUNK;
+    return base + (o % 2) * (XCHUNK / 2) + o / 2;
+#else
+    return k;
+#endif
+}
+
+/* The rows quantized per group (see above): x8 [M, KP], d and S [M, GP], padding zero. */
+static void quantize_rows(const float *x, int M, int K, int group, int bits, int KP, int GP,
+                          int8_t *x8, float *xd, float *xs) {
+    const int G = K / group;
+    memset(x8, 0, (size_t)M * KP);
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (long)m * K;
+        int8_t *out = x8 + (long)m * KP;
+        for (int g = 0; g < GP; g++) {
+            float d = 0.0f;
+            int sum = 0;
+            if (g < G) {
+                const float *xg = xr + (long)g * group;
+                float amax = 0.0f;
+                int finite = 1;
+                for (int i = 0; i < group; i++) {
+                    const float a = __builtin_fabsf(xg[i]);
+                    amax = a > amax ? a : amax;
+                    finite &= a <= 3.40282347e38f; /* false for inf and NaN */
+                }
+                d = amax / 127.0f;
+                if (!finite) {
+                    /* A NaN or infinity reaches the outputs as NaN (as in a float product),
+                     * not as whatever an 8-bit rounding of it would be. */
+                    d = __builtin_nanf("");
+                } else if (d > 0.0f) {
+                    for (int i = 0; i < group; i++) {
+                        float v = __builtin_rintf(xg[i] / d);
+                        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+                        const int q = (int)v;
+                        const long k = (long)g * group + i;
+                        out[bits == 4 ? x8_position(k) : k] = (int8_t)q;
+                        sum += q;
+                    }
+                } else {
+                    d = 0.0f;
+                }
+            }
+            xd[(long)m * GP + g] = d;
+            xs[(long)m * GP + g] = (float)sum;
+        }
+    }
+}
+
+#if defined(__AVX512BW__)
+/* acc + the u8 x s8 products of u and s, four to an int32 lane; u at most 15. */
+static inline __m512i dot_u4(__m512i acc, __m512i u, __m512i s) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(acc, u, s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s),
+                                                   _mm512_set1_epi16(1)));
+#endif
+}
+
+/* The same for any u8 (8-bit weights): without VNNI, nibble by nibble (no saturation). */
+static inline __m512i dot_u8(__m512i acc, __m512i u, __m512i s) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpbusd_epi32(acc, u, s);
+#else
+    const __m512i nib = _mm512_set1_epi8(15);
+    const __m512i lo = _mm512_and_si512(u, nib);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(u, 4), nib);
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(lo, s),
+                                                  _mm512_set1_epi16(1)));
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(hi, s),
+                                                   _mm512_set1_epi16(16)));
+#endif
+}
+
+/* One load's products: 128 elements of 4-bit weights or 64 of 8-bit ones, into 16 lanes
+ * whose 128-bit quarters each cover 32 (16) consecutive elements. */
+/* 64 weight bytes at w + off; with avail >= 0 (a row's last, partial block) only those of
+ * the row's avail bytes from w, the rest zero (a masked load reads nothing past the row). */
+static inline __attribute__((always_inline)) __m512i load_w(const uint8_t *w, long off,
+                                                             const long avail) {
+    if (avail < 0) return _mm512_loadu_si512(w + off);
+    const long n = avail - off < 0 ? 0 : avail - off > 64 ? 64 : avail - off;
+    const __mmask64 mask = n == 64 ? ~0ULL : (1ULL << n) - 1;
+    return _mm512_maskz_loadu_epi8(mask, w + off);
+}
+
+static inline __attribute__((always_inline)) __m512i step_dot(const uint8_t *w, const int8_t *x,
+                                                               const int bits, int t,
+                                                               const long avail) {
+    if (bits == 4) {
+        const __m512i packed = load_w(w, 64L * t, avail);
+        const __m512i nib = _mm512_set1_epi8(15);
+        const __m512i lo = _mm512_and_si512(packed, nib);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
+        __m512i acc = dot_u4(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x + 128L * t));
+        return dot_u4(acc, hi, _mm512_loadu_si512(x + 128L * t + 64));
+    }
+    return dot_u8(_mm512_setzero_si512(), load_w(w, 64L * t, avail),
+                  _mm512_loadu_si512(x + 64L * t));
+}
+
+/* [a0 + a1, a2 + a3, b0 + b1, b2 + b3] of 128-bit quarters. */
+static inline __m512i fold2(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* A block's products for one column: quarter j holds group j's in 4 lanes. */
+static inline __attribute__((always_inline)) __m512i block_dot(const uint8_t *w,
+                                                                const int8_t *x, const int bits,
+                                                                const int group,
+                                                                const long avail) {
+    const int steps = 4 * group / (bits == 4 ? 128 : 64);
+    if (steps == 1) return step_dot(w, x, bits, 0, avail);
+    if (steps == 2)
+        return fold2(step_dot(w, x, bits, 0, avail), step_dot(w, x, bits, 1, avail));
+    const int per = steps / 4;
+    __m512i a[4];
+    for (int j = 0; j < 4; j++) {
+        a[j] = step_dot(w, x, bits, j * per, avail);
+        for (int t = 1; t < per; t++)
+            a[j] = _mm512_add_epi32(a[j], step_dot(w, x, bits, j * per + t, avail));
+    }
+    return fold2(fold2(a[0], a[1]), fold2(a[2], a[3]));
+}
+
+/* P of 4 columns x 4 groups of a block, lane 4 c + j. */
+static inline __attribute__((always_inline)) v16i block_p(const uint8_t *const w[4],
+                                                           const int8_t *x, const int bits,
+                                                           const int group, const long avail) {
+    const __m512i v0 = block_dot(w[0], x, bits, group, avail);
+    const __m512i v1 = block_dot(w[1], x, bits, group, avail);
+    const __m512i v2 = block_dot(w[2], x, bits, group, avail);
+    const __m512i v3 = block_dot(w[3], x, bits, group, avail);
+    /* A 4 x 4 transpose-and-sum inside each quarter: lane 4 j + c = P[c][j] ... */
+    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1),
+                                         _mm512_unpackhi_epi32(v0, v1));
+    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3),
+                                         _mm512_unpackhi_epi32(v2, v3));
+    const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23),
+                                       _mm512_unpackhi_epi64(t01, t23));
+    /* ... then column-major (lane 4 c + j), as a tile's scales are laid out. */
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i cm = _mm512_permutexvar_epi32(idx, s);
+    v16i out;
+    memcpy(&out, &cm, sizeof out);
+    return out;
+}
+#elif defined(__AVX2__)
+/* acc + u8 x s8 products of one 32-element unit, u at most 15 (no saturation). */
+static inline __m256i dot_u4(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
+                                                   _mm256_set1_epi16(1)));
+}
+
+static inline __m256i dot_u8(__m256i acc, __m256i u, __m256i s) {
+    const __m256i nib = _mm256_set1_epi8(15);
+    const __m256i lo = _mm256_and_si256(u, nib);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(u, 4), nib);
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, s),
+                                                  _mm256_set1_epi16(1)));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, s),
+                                                   _mm256_set1_epi16(16)));
+}
+
+/* Group j of a block (relative to the block's start), one column, 8 partial lanes. */
+static inline __attribute__((always_inline)) __m256i group_dot(const uint8_t *w, const int8_t *x, const int bits,
+                                const int group, int j) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int u = j * group / 32; u < (j + 1) * group / 32; u++) {
+        if (bits == 4) {
+            const __m128i packed = _mm_loadu_si128((const __m128i *)(w + 16L * u));
+            const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+            const __m256i q = _mm256_and_si256(both, _mm256_set1_epi8(15));
+            acc = dot_u4(acc, q, _mm256_loadu_si256((const __m256i *)(x + 32L * u)));
+        } else {
+            acc = dot_u8(acc, _mm256_loadu_si256((const __m256i *)(w + 32L * u)),
+                         _mm256_loadu_si256((const __m256i *)(x + 32L * u)));
+        }
+    }
+    return acc;
+}
+
+static inline __attribute__((always_inline)) v16i block_p(const uint8_t *const w[4],
+                                                           const int8_t *x, const int bits,
+                                                           const int group, const long avail) {
+    (void)avail; /* a partial block is read from a zero-padded copy */
+    int32_t out[16];
+    for (int c = 0; c < 4; c++) {
+        const __m256i a0 = group_dot(w[c], x, bits, group, 0);
+        const __m256i a1 = group_dot(w[c], x, bits, group, 1);
+        const __m256i a2 = group_dot(w[c], x, bits, group, 2);
+        const __m256i a3 = group_dot(w[c], x, bits, group, 3);
+        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+        const __m128i p = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        _mm_storeu_si128((__m128i *)(out + 4 * c), p);
+    }
+    v16i v;
+    memcpy(&v, out, sizeof v);
+    return v;
+}
+#else
+static inline __attribute__((always_inline)) v16i block_p(const uint8_t *const w[4],
+                                                           const int8_t *x, const int bits,
+                                                           const int group, const long avail) {
+    (void)avail; /* a partial block is read from a zero-padded copy */
+    v16i out;
+    for (int c = 0; c < 4; c++)
+        for (int j = 0; j < 4; j++) {
+            int32_t sum = 0;
+            for (int i = j * group; i < (j + 1) * group; i++) {
+                const int q = bits == 4 ? (w[c][i / 2] >> (4 * (i & 1))) & 15 : w[c][i];
+                sum += q * x[i];
+            }
+            out[4 * c + j] = sum;
+        }
+    return out;
+}
+#endif
+
+/* 16 float16 values to float32 (exact). */
+static inline void halves_to_floats(const uint16_t *h, float *out) {
+#if defined(__AVX512F__)
+    __m256i v;
+    memcpy(&v, h, sizeof v);
+    _mm512_storeu_ps(out, _mm512_cvtph_ps(v));
+#elif defined(__F16C__)
+    __m128i a, b;
+    memcpy(&a, h, sizeof a);
+    memcpy(&b, h + 8, sizeof b);
+    _mm256_storeu_ps(out, _mm256_cvtph_ps(a));
+    _mm256_storeu_ps(out + 8, _mm256_cvtph_ps(b));
+#else
+    for (int i = 0; i < 16; i++) {
+        _Float16 f;
+        memcpy(&f, h + i, sizeof f);
+        out[i] = (float)f;
+    }
+#endif
+}
+
+/* A tile's scales (or biases) per block, lane 4 c + j = param[col c][4 kb + j], 0 past G. */
+static void tile_params(const qmm_t *p, const void *base, const int cols[4], int KB,
+                        float *out) {
+    for (int kb = 0; kb < KB; kb++) {
+        float *o = out + 16L * kb;
+        if (4 * kb + 4 <= p->G && p->half) {
+            uint64_t h[4]; /* 4 halves a column */
+            for (int c = 0; c < 4; c++)
+                memcpy(h + c, (const uint16_t *)base + (long)cols[c] * p->G + 4 * kb, 8);
+#if defined(__AVX512F__)
+            /* Built in registers: storing h and loading it as one vector would stall on
+             * store forwarding. */
+            _mm512_storeu_ps(o, _mm512_cvtph_ps(_mm256_setr_epi64x((long long)h[0],
+                                                                   (long long)h[1],
+                                                                   (long long)h[2],
+                                                                   (long long)h[3])));
+#else
+            halves_to_floats((const uint16_t *)h, o);
+#endif
+        } else if (4 * kb + 4 <= p->G) {
+            for (int c = 0; c < 4; c++)
+                memcpy(o + 4 * c, (const float *)base + (long)cols[c] * p->G + 4 * kb, 16);
+        } else if (MASKED_TAIL) {
+#if MASKED_TAIL
+            const __mmask8 mask = (__mmask8)((1u << (p->G - 4 * kb)) - 1);
+            if (p->half) {
+                __m128i h[4];
+                for (int c = 0; c < 4; c++)
+                    h[c] = _mm_maskz_loadu_epi16(mask, (const uint16_t *)base +
+                                                           (long)cols[c] * p->G + 4 * kb);
+                const __m256i v = _mm256_set_m128i(_mm_unpacklo_epi64(h[2], h[3]),
+                                                   _mm_unpacklo_epi64(h[0], h[1]));
+                _mm512_storeu_ps(o, _mm512_cvtph_ps(v));
+            } else {
+                for (int c = 0; c < 4; c++)
+                    _mm_storeu_ps(o + 4 * c,
+                                  _mm_maskz_loadu_ps(mask, (const float *)base +
+                                                               (long)cols[c] * p->G + 4 * kb));
+            }
+#endif
+        } else {
+            for (int c = 0; c < 4; c++)
+                for (int j = 0; j < 4; j++)
+                    o[4 * c + j] = 4 * kb + j < p->G
+                                       ? param(p, base, (long)cols[c] * p->G + 4 * kb + j)
+                                       : 0.0f;
+        }
+    }
+}
+
+/* Rows r0..r0+R of a 4-column tile: each row's arithmetic is the same whatever R is; R > 1
+ * only lets the rows share the weights' loads and unpacking (register tiling). */
+#define I8_ROWS 4
+static inline __attribute__((always_inline)) void rows_int8(const qmm_t *p, int r0, const int R,
+                                                            int n, int C, const int cols[4],
+                                                            const float *sc, const float *bi,
+                                                            const uint8_t *tail, const int bits,
+                                                            const int group) {
+    const int KB = p->GP / 4, full = p->G / 4;
+    const long row_bytes = (long)p->K * bits / 8, block_bytes = 4L * group * bits / 8;
+    const long block_elems = 4L * group;
+    v16f acc[I8_ROWS];
+    for (int rr = 0; rr < R; rr++) acc[rr] = (v16f){0};
+    for (int kb = 0; kb < KB; kb++) {
+        const uint8_t *wc[4];
+        const int whole = kb < full || MASKED_TAIL;
+        for (int c = 0; c < 4; c++)
+            wc[c] = whole ? p->w + cols[c] * row_bytes + kb * block_bytes : tail + c * block_bytes;
+        v16f scale, bias;
+        memcpy(&scale, sc + 16L * kb, sizeof scale);
+        memcpy(&bias, bi + 16L * kb, sizeof bias);
+        for (int rr = 0; rr < R; rr++) {
+            const long r = r0 + rr;
+            const int8_t *xb = p->x8 + r * p->KP + kb * block_elems;
+            const v16i P = kb < full ? block_p(wc, xb, bits, group, -1)
+                                     : block_p(wc, xb, bits, group, row_bytes - full * block_bytes);
+            v4f d4, s4;
+            memcpy(&d4, p->xd + r * p->GP + 4 * kb, sizeof d4);
+            memcpy(&s4, p->xs + r * p->GP + 4 * kb, sizeof s4);
+            const v16f dv =
+                __builtin_shufflevector(d4, d4, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+            const v16f sv =
+                __builtin_shufflevector(s4, s4, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+            const v16f pf = __builtin_convertvector(P, v16f); /* exact: |P| < 2^24 */
+            const v16f t = scale * pf + bias * sv; /* two roundings, then the sum's */
+            acc[rr] = acc[rr] + dv * t;
+        }
+    }
+    for (int rr = 0; rr < R; rr++) {
+        float *yr = p->y + (long)(r0 + rr) * p->N + n;
+        for (int c = 0; c < C; c++)
+            yr[c] = (acc[rr][4 * c] + acc[rr][4 * c + 1]) + (acc[rr][4 * c + 2] + acc[rr][4 * c + 3]);
+    }
+}
+
+static inline __attribute__((always_inline)) void columns_int8_kind(const qmm_t *p, int n0,
+                                                                   int n1, const int bits,
+                                                                   const int group) {
+    const int KB = p->GP / 4, full = p->G / 4;
+    const long row_bytes = (long)p->K * bits / 8, block_bytes = 4L * group * bits / 8;
+    float *sc = aligned_alloc(64, sizeof(float) * 32 * (size_t)KB);
+    float *bi = sc + 16L * KB;
+    uint8_t *tail = aligned_alloc(64, (size_t)(4 * block_bytes));
+    for (int n = n0; n < n1; n += 4) {
+        const int C = n1 - n < 4 ? n1 - n : 4;
+        int cols[4];
+        for (int c = 0; c < 4; c++) cols[c] = n + c < p->N ? n + c : p->N - 1;
+        tile_params(p, p->scales, cols, KB, sc);
+        tile_params(p, p->biases, cols, KB, bi);
+        if (!MASKED_TAIL && full < KB) { /* the last, partial block: zero-padded copies */
+            memset(tail, 0, (size_t)(4 * block_bytes));
+            for (int c = 0; c < 4; c++)
+                memcpy(tail + c * block_bytes, p->w + cols[c] * row_bytes + full * block_bytes,
+                       (size_t)(row_bytes - full * block_bytes));
+        }
+        int r = 0;
+        for (; r + I8_ROWS <= p->M; r += I8_ROWS)
+            rows_int8(p, r, I8_ROWS, n, C, cols, sc, bi, tail, bits, group);
+        for (; r < p->M; r++) rows_int8(p, r, 1, n, C, cols, sc, bi, tail, bits, group);
+    }
+    free(tail);
+    free(sc);
+}
+
+/* Columns n0..n1, all rows, in the integer-dot mode: one specialised copy per kind. */
+static void columns_int8(const qmm_t *p, int n0, int n1) {
+    switch (p->bits * 1000 + p->group) {
+    case 4032: columns_int8_kind(p, n0, n1, 4, 32); return;
+    case 4064: columns_int8_kind(p, n0, n1, 4, 64); return;
+    case 4128: columns_int8_kind(p, n0, n1, 4, 128); return;
+    case 8032: columns_int8_kind(p, n0, n1, 8, 32); return;
+    case 8064: columns_int8_kind(p, n0, n1, 8, 64); return;
+    default: columns_int8_kind(p, n0, n1, 8, 128); return;
+    }
+}
+
+/* mtplx_qmm's arguments, the integer-dot mode: x quantized to 8 bits per group and
+ * integer dot products (see above). Returns 0, or -1 as mtplx_qmm does. */
+int mtplx_qmm_int8(const float *x, int M, int K, const uint32_t *w, const void *scales,
+                   const void *biases, int half, int N, int bits, int group, float *y) {
+    if ((bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128) ||
+        K % group != 0)
+        return -1;
+    if (M <= 0 || N <= 0) return 0;
+    const int G = K / group, GP = (G + 3) / 4 * 4, KP = GP * group;
+    int8_t *x8 = aligned_alloc(64, ((size_t)M * KP + 63) / 64 * 64);
+    float *xd = malloc(sizeof(float) * 2 * (size_t)M * GP);
+    float *xs = xd + (long)M * GP;
+    quantize_rows(x, M, K, group, bits, KP, GP, x8, xd, xs);
+    qmm_t p = {x, (const uint8_t *)w, scales, biases, y, M, N, K, G, bits, group, half != 0,
+               1, x8, xd, xs, KP, GP};
+    run(&p);
+    free(xd);
+    free(x8);
     return 0;
 }

@@ -98,14 +98,19 @@ def step_ms(engine: Engine, drafter: str, depth: int, tokens: int) -> float:
 
 def products_ms(model: object, repeats: int = 20) -> float:
     """CPU milliseconds of one token's quantized products alone, one thread: every product
-    of the trunk and the LM head on a single row, no other op. A step can cost no less on
+    of the trunk and the LM head on a single row, no other op, in the process's activations
+    mode (``MTPLX_ACTIVATIONS``). A step can cost no less on
     this machine; how far above it a step is measures everything else."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
     from mtplx import quant
-    from mtplx.models.quantized import InvariantQuantizedEmbedding, InvariantQuantizedLinear
+    from mtplx.models.quantized import (
+        InvariantQuantizedEmbedding,
+        InvariantQuantizedLinear,
+        activations_format,
+    )
 
     # The module holding the trunk and its LM head (a tied embedding serves as the head).
     owner = getattr(getattr(model.target, "trunk", None), "owner", None)  # type: ignore[attr-defined]
@@ -125,7 +130,7 @@ def products_ms(model: object, repeats: int = 20) -> float:
         for _ in range(repeats):
             start = time.process_time()
             products = [
-                quant.qmm(x, *w.arrays, w.bits, w.group_size)
+                quant.qmm(x, *w.arrays, w.bits, w.group_size, activations_format())
                 for x, w in zip(inputs, weights, strict=True)
             ]
             mx.eval(products)
@@ -147,7 +152,12 @@ def main() -> None:
         engines[fmt] = Engine(model)
         engines[fmt].warm_up()
         print(f"{fmt}: {model.weights}")
-    print(f"kernel: {quant_info().kernel}; load before: {os.getloadavg()}")
+    from mtplx.models.quantized import activations_format
+
+    print(
+        f"kernel: {quant_info().kernel} ({activations_format()} activations); "
+        f"load before: {os.getloadavg()}"
+    )
     rows: dict[str, dict[str, list[float]]] = {f: {} for f in engines}
     for _ in range(args.repeats):
         for fmt, engine in engines.items():

@@ -84,6 +84,7 @@ def test_draft_layers_adds_a_layer_skip_draft_model(llama_mtp_checkpoint):
 def test_health_blas_comes_from_mtplx_blas():
     import mtplx.quant
     from mtplx.blas import blas_info
+    from mtplx.models.quantized import activations_format
 
     described = commands.describe_blas()
     info = blas_info()
@@ -94,6 +95,8 @@ def test_health_blas_comes_from_mtplx_blas():
         "fallback_reason": info.fallback_reason,
         # the quantized kernel once a quantized model loaded it, else None
         "quantized_kernel": mtplx.quant.quant_info().kernel if mtplx.quant.loaded() else None,
+        # and how it treats its rows (MTPLX_ACTIVATIONS)
+        "quantized_activations": activations_format() if mtplx.quant.loaded() else None,
     }
 
 
@@ -107,12 +110,14 @@ def test_health_blas_shows_no_paths(monkeypatch):
     )
     monkeypatch.setattr(mtplx.blas, "blas_info", lambda: shim)
     monkeypatch.setattr(commands, "_quantized_kernel", lambda: "mtplx-invariant-avx2")
+    monkeypatch.setattr(commands, "_quantized_activations", lambda: "int8")
     assert commands.describe_blas() == {
         "name": "openblas",
         "threads": 4,
         "fast": True,
         "fallback_reason": None,
         "quantized_kernel": "mtplx-invariant-avx2",
+        "quantized_activations": "int8",
     }
     failed = BlasInfo(
         name="reference",

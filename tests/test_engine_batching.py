@@ -32,9 +32,16 @@ from tests.test_speculative import (
 GREEDY = SamplerConfig(temperature=0.0)
 
 
-@pytest.fixture(scope="module", params=["llama_mtp", "llama_mtp_q4", "qwen3_next"])
-def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    return load_fixture(request.param, tmp_path_factory.mktemp(request.param))
+@pytest.fixture(
+    scope="module", params=["llama_mtp", "llama_mtp_q4", "llama_mtp_q4_int8", "qwen3_next"]
+)
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Each family's engine; ``_int8``: the quantized kernel with int8 activations (a process
+    setting, held while the module's tests of that engine run)."""
+    kind = request.param.removesuffix("_int8")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MTPLX_ACTIVATIONS", "int8" if request.param.endswith("_int8") else "float32")
+        yield load_fixture(kind, tmp_path_factory.mktemp(request.param))
 
 
 def _solo(engine: Engine, request: GenerationRequest) -> list[int]:

@@ -15,18 +15,22 @@ from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import quantize_checkpoint, untie_lm_head
 
 
-@pytest.fixture(scope="module", params=["float32", "q4"])
+@pytest.fixture(scope="module", params=["float32", "q4", "q4-int8"])
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """The llama fixture in float32, and quantized (4-bit affine: its products on the
-    invariant quantized kernel)."""
+    invariant quantized kernel, with float32 or int8 activations: MTPLX_ACTIVATIONS is a
+    process setting, held for the module's tests of that model)."""
     directory = tmp_path_factory.mktemp("batched")
     build_checkpoint("llama_mtp", directory)
     untie_lm_head(directory)
-    if request.param == "q4":
+    quantized = request.param.startswith("q4")
+    if quantized:
         quantize_checkpoint(directory, bits=4, group_size=32)
-    loaded = load(directory)
-    assert loaded.weights.startswith("affine q4" if request.param == "q4" else "float32")
-    return loaded
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MTPLX_ACTIVATIONS", "int8" if request.param == "q4-int8" else "float32")
+        loaded = load(directory)
+        assert loaded.weights.startswith("affine q4" if quantized else "float32")
+        yield loaded
 
 
 def _prompt(i: int, length: int) -> mx.array:
@@ -248,16 +252,19 @@ def test_quantized_targets_with_the_kernel_prefill_hundreds_of_tokens_a_forward(
     assert SlotTarget(model.target, max_rows=4, attention="mlx").max_prefill_tokens == 128
 
 
-@pytest.fixture(scope="module")
-def default_model():
+@pytest.fixture(scope="module", params=["float32", "int8"])
+def default_model(request: pytest.FixtureRequest):
     from mtplx.models.gguf import ensure_default_model
 
-    return load(ensure_default_model())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MTPLX_ACTIVATIONS", request.param)
+        yield load(ensure_default_model())
 
 
 def test_the_default_model_prefills_with_the_bits_of_decode_steps(default_model) -> None:
-    """The default model on its Q4_1 weights: a prompt of 300 tokens in one forward and in
-    the engine's chunks gives the logits, hidden states and KV of 300 decode steps."""
+    """The default model on its Q4_1 weights, with either activations mode: a prompt of 300
+    tokens in one forward and in the engine's chunks gives the logits, hidden states and KV
+    of 300 decode steps."""
     target = SlotTarget(default_model.target, max_rows=4, keep_hidden=True)
     assert target.attention == "kernel" and target.max_prefill_tokens == 384
     prompt = mx.array([(11 + 37 * j * j) % 20000 + 100 for j in range(300)], mx.int32)

@@ -72,18 +72,26 @@ def test_inspect_names_the_served_weights_and_kernel(
     llama_mtp_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     from mtplx import quant
+    from mtplx.models.quantized import activations_format
     from tests.fixtures.variants import quantize_checkpoint
 
     monkeypatch.delenv("MTPLX_WEIGHTS", raising=False)
+    monkeypatch.delenv("MTPLX_ACTIVATIONS", raising=False)
+    # main() sets MTPLX_ACTIVATIONS from --activations; monkeypatch restores it after.
+    monkeypatch.setenv("MTPLX_ACTIVATIONS", activations_format())
     assert inspect(llama_mtp_checkpoint).weights == "float32"
     assert inspect(llama_mtp_checkpoint).kernel == "mtplx-invariant-f32 (BLAS shim)"
     copy = quantize_checkpoint(Path(shutil.copytree(llama_mtp_checkpoint, tmp_path / "q")))
     report = inspect(copy)
     assert report.weights == "4-bit affine (group 32), served quantized"
     assert report.kernel == quant.quant_info().kernel == f"mtplx-invariant-{quant.kernel_variant()}"
-    main(["inspect", str(copy)])
+    assert report.activations == activations_format()
+    assert inspect(llama_mtp_checkpoint).activations == ""  # float32: no quantized kernel
+    main(["inspect", str(copy), "--activations", "int8"])
     out = capsys.readouterr().out
     assert "weights served:   4-bit affine (group 32), served quantized" in out
-    assert f"kernel:           {report.kernel}" in out
+    assert f"kernel:           {report.kernel} (int8 activations)" in out
+    main(["inspect", str(copy), "--activations", "float32"])
+    assert f"kernel:           {report.kernel} (float32 activations)" in capsys.readouterr().out
     monkeypatch.setenv("MTPLX_WEIGHTS", "f32")
     assert inspect(copy).weights == "float32 (dequantized: MTPLX_WEIGHTS=f32)"

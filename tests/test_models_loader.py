@@ -14,7 +14,11 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mtplx.models import CheckpointError, load
-from mtplx.models.quantized import InvariantQuantizedEmbedding, InvariantQuantizedLinear
+from mtplx.models.quantized import (
+    InvariantQuantizedEmbedding,
+    InvariantQuantizedLinear,
+    activations_format,
+)
 from tests.fixtures.tokenizer import IM_END_ID, VOCAB_SIZE
 
 # Float32 everywhere; one-token-at-a-time and multi-token forwards differ only by summation
@@ -201,6 +205,41 @@ def test_weights_f32_setting_dequantizes(
     monkeypatch.setenv("MTPLX_WEIGHTS", "nope")
     with pytest.raises(ValueError, match="MTPLX_WEIGHTS"):
         load(copy)
+
+
+def test_activations_setting_reaches_every_quantized_product(
+    llama_mtp_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MTPLX_ACTIVATIONS picks the kernel's mode when a forward's graph is built: the trunk's
+    products and the tied LM head change with it, each mode repeats its own bits, the MTP
+    head's products are the same kernel layers, and a bad value is named."""
+    copy = _quantize_checkpoint(llama_mtp_checkpoint, tmp_path / "q", 4)
+    model = load(copy)
+    ids = mx.array([[3, 5, 7, 11, 13]])
+    outputs = {}
+    for mode in ("float32", "int8", "int8"):
+        monkeypatch.setenv("MTPLX_ACTIVATIONS", mode)
+        logits = model.target.trunk.owner(ids)  # type: ignore[attr-defined]
+        if mode in outputs:
+            assert mx.array_equal(outputs[mode], logits).item()
+        outputs[mode] = logits
+    assert not mx.array_equal(outputs["float32"], outputs["int8"]).item()
+    assert mx.allclose(
+        outputs["float32"], outputs["int8"], atol=0.05 * float(mx.abs(outputs["float32"]).max())
+    ).item()
+    head_layers = [
+        layer
+        for _, layer in tree_flatten(
+            model.mtp_heads[0].module.leaf_modules(), is_leaf=nn.Module.is_module
+        )
+        if isinstance(layer, nn.Linear | nn.QuantizedLinear | InvariantQuantizedLinear)
+    ]
+    assert head_layers and all(isinstance(layer, InvariantQuantizedLinear) for layer in head_layers)
+    monkeypatch.setenv("MTPLX_ACTIVATIONS", "f32")
+    assert activations_format() == "float32"
+    monkeypatch.setenv("MTPLX_ACTIVATIONS", "int4")
+    with pytest.raises(ValueError, match="MTPLX_ACTIVATIONS"):
+        model.target.trunk.owner(ids)  # type: ignore[attr-defined]
 
 
 def test_bfloat16_weights_are_cast_to_float32_on_cpu(

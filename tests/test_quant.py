@@ -139,6 +139,7 @@ def test_variant_follows_cpu_features(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MTPLX_QUANT_VARIANT", raising=False)
     avx512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"})
     assert quant.kernel_variant(avx512, "x86_64") == "avx512"
+    assert quant.kernel_variant(avx512 | {"avx512_vnni"}, "x86_64") == "avx512vnni"
     assert quant.kernel_variant(frozenset({"avx2", "fma", "f16c"}), "x86_64") == "avx2"
     assert quant.kernel_variant(frozenset({"avx2"}), "x86_64") == "portable"
     assert quant.kernel_variant(avx512, "aarch64") == "portable"
@@ -167,11 +168,18 @@ for bits, group in [(4, 32), (8, 128)]:
         biases.astype(mx.float32), group_size=group, bits=bits)).astype(np.float64).T
     out[f"{bits}/{group}"] = [bool((y == alone).all()),
                               float(np.abs(y - ref).max() / np.abs(ref).max())]
+# The integer-dot mode: its bytes, for the test to compare with its NumPy twin.
+for bits, group in [(4, 32), (4, 128), (8, 32), (8, 64)]:
+    w = mx.array(rng.standard_normal((37, 5 * group)).astype(np.float32))
+    packed, scales, biases = mx.quantize(w, group_size=group, bits=bits)
+    x = rng.standard_normal((6, 5 * group)).astype(np.float32)
+    y = np.array(quant.qmm(mx.array(x), packed, scales, biases, bits, group, "int8"))
+    out[f"int8 {bits}/{group}"] = y.tobytes().hex()
 print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("variant", ["portable", "avx2", "avx512"])
+@pytest.mark.parametrize("variant", ["portable", "avx2", "avx512", "avx512vnni"])
 def test_each_variant_builds_agrees_and_is_invariant(variant: str) -> None:
     """Each variant, forced, in a fresh process (the build is cached). A variant whose
     instructions this CPU cannot execute is replaced by the portable one, which every CPU
@@ -192,6 +200,169 @@ def test_each_variant_builds_agrees_and_is_invariant(variant: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result.pop("variant") == variant
+    # The integer-dot mode: the same bits in every variant, those of the NumPy twin (the same
+    # generator draws, in the same order, as the script's).
+    rng = np.random.default_rng(11)
+    for _ in range(2):  # the draws of the script's float-mode checks
+        rng.standard_normal((40, 256)), rng.standard_normal((7, 256))
+    for bits, group in [(4, 32), (4, 128), (8, 32), (8, 64)]:
+        w = mx.array(rng.standard_normal((37, 5 * group)).astype(np.float32))
+        packed, scales, biases = mx.quantize(w, group_size=group, bits=bits)
+        x = rng.standard_normal((6, 5 * group)).astype(np.float32)
+        twin = _int8_reference(x, packed, scales, biases, bits, group)
+        got = np.frombuffer(bytes.fromhex(result.pop(f"int8 {bits}/{group}")), np.float32)
+        np.testing.assert_array_equal(got.reshape(twin.shape), twin)
     for invariant, error in result.values():
         assert invariant
         assert error < 1e-5
+
+
+# -- the integer-dot mode ------------------------------------------------------------------
+
+
+def _unpacked(packed, bits: int) -> np.ndarray:
+    """q [N, K] (int64) from MLX's packed uint32 words."""
+    words = np.array(packed).astype(np.uint64)
+    per_word = 32 // bits
+    shifts = (np.arange(per_word, dtype=np.uint64) * bits)[None, None, :]
+    q = (words[..., None] >> shifts) & np.uint64((1 << bits) - 1)
+    return q.reshape(words.shape[0], -1).astype(np.int64)
+
+
+def _int8_reference(x: np.ndarray, packed, scales, biases, bits: int, group: int) -> np.ndarray:
+    """The integer-dot product in NumPy, step for step as quant_kernel.c defines it: rows
+    quantized per group (d = max|x| / 127, x8 = rint(x / d), an all-zero group d = 0), exact
+    integer sums P and S, then c = d * (scale * P + bias * S) in float32, summed into four
+    partial sums by group index mod 4 (ascending) and (p0 + p1) + (p2 + p3)."""
+    q = _unpacked(packed, bits)  # [N, K]
+    s = np.array(scales.astype(mx.float32))  # [N, G] float32
+    b = np.array(biases.astype(mx.float32))
+    x = np.asarray(x, dtype=np.float32)
+    m = x.shape[0]
+    n, g_count = s.shape
+    xg = x.reshape(m, g_count, group)
+    finite = np.isfinite(xg).all(axis=2)
+    safe = np.where(np.isfinite(xg), xg, np.float32(0))
+    d = np.abs(safe).max(axis=2) / np.float32(127)  # [M, G] float32
+    live = (d > 0) & finite
+    with np.errstate(invalid="ignore"):
+        x8 = np.rint(safe / np.where(live, d, np.float32(1))[..., None])
+    x8 = np.where(live[..., None], np.clip(x8, -127, 127), 0).astype(np.int64)
+    d = np.where(live, d, np.float32(0)).astype(np.float32)
+    d = np.where(finite, d, np.float32(np.nan)).astype(np.float32)
+    sums = x8.sum(axis=2).astype(np.float32)  # S [M, G], exact
+    p = np.einsum("mgi,ngi->mng", x8, q.reshape(n, g_count, group)).astype(np.float32)
+    assert d.dtype == sums.dtype == p.dtype == s.dtype == np.float32
+    c = d[:, None, :] * (s[None] * p + b[None] * sums[:, None, :])  # [M, N, G] float32
+    partial = np.zeros((m, n, 4), np.float32)
+    with np.errstate(invalid="ignore"):
+        for g in range(g_count):
+            partial[..., g % 4] += c[..., g]
+    return (partial[..., 0] + partial[..., 1]) + (partial[..., 2] + partial[..., 3])
+
+
+def _int8(x: np.ndarray, packed, scales, biases, bits: int, group: int) -> np.ndarray:
+    return np.array(quant.qmm(mx.array(x), packed, scales, biases, bits, group, "int8"))
+
+
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize(("bits", "group"), KINDS)
+def test_int8_mode_equals_its_numpy_twin_bitwise(bits: int, group: int, half: bool) -> None:
+    """Every kind, float32 and float16 scales, K a whole number of 4-group blocks or not,
+    column counts that are not multiples of the kernel's 4-column tiles."""
+    rng = np.random.default_rng(bits * 100 + group + half)
+    for k in (4 * group, 5 * group, 7 * group, 384 if 384 % group == 0 else 256):
+        packed, scales, biases = _weights(rng, 77, k, bits, group, half)
+        for rows in (1, 3, 4, 5, 17):
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            y = _int8(x, packed, scales, biases, bits, group)
+            assert y.dtype == np.float32 and y.shape == (rows, 77)
+            np.testing.assert_array_equal(
+                y, _int8_reference(x, packed, scales, biases, bits, group)
+            )
+
+
+@pytest.mark.parametrize(("bits", "group"), [(4, 32), (8, 32), (8, 128)])
+def test_int8_mode_edge_rows_equal_the_twin(bits: int, group: int) -> None:
+    """Rounding ties, all-zero groups (d = 0), a group of one nonzero value, tiny and large
+    magnitudes, negative zeros: the same bits as the twin."""
+    rng = np.random.default_rng(5)
+    k = 6 * group
+    packed, scales, biases = _weights(rng, 9, k, bits, group, half=True)
+    rows = np.zeros((6, k), np.float32)
+    rows[0, :group] = 127.0 * np.arange(group) / 2  # x / d lands on .5 ties
+    rows[0, group : 2 * group] = np.linspace(-127, 127, group)
+    rows[1, 3 * group] = -3.0  # one value in an otherwise zero row
+    rows[2] = rng.standard_normal(k).astype(np.float32) * 1e-30
+    rows[3] = rng.standard_normal(k).astype(np.float32) * 1e20
+    rows[4] = -0.0
+    rows[5] = rng.standard_normal(k).astype(np.float32)
+    rows[5, group : 3 * group] = 0.0
+    y = _int8(rows, packed, scales, biases, bits, group)
+    np.testing.assert_array_equal(y, _int8_reference(rows, packed, scales, biases, bits, group))
+    assert (y[4] == 0).all() and np.isfinite(y).all()
+    # A NaN or an infinity reaches every output of its row as NaN, as in a float product.
+    rows[1, 5] = np.nan
+    rows[2, 2 * group + 1] = np.inf
+    y = _int8(rows, packed, scales, biases, bits, group)
+    np.testing.assert_array_equal(y, _int8_reference(rows, packed, scales, biases, bits, group))
+    assert np.isnan(y[1:3]).all() and np.isfinite(np.delete(y, [1, 2], axis=0)).all()
+
+
+def test_int8_mode_is_close_to_the_float_product() -> None:
+    """8-bit rows move a product by well under 1% of its scale (the quantization's
+    size), for both weight widths."""
+    rng = np.random.default_rng(9)
+    for bits in (4, 8):
+        packed, scales, biases = _weights(rng, 200, 576, bits, 32, half=True)
+        x = rng.standard_normal((8, 576)).astype(np.float32)
+        exact = _reference(x, packed, scales, biases, bits, 32)
+        y = _int8(x, packed, scales, biases, bits, 32)
+        assert 0 < np.abs(y - exact).max() < 0.01 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize(("bits", "group"), KINDS)
+def test_int8_mode_is_invariant_over_row_counts(bits: int, group: int) -> None:
+    rng = np.random.default_rng(17 + bits + group)
+    packed, scales, biases = _weights(rng, 70, 384 if 384 % group == 0 else 256, bits, group)
+    x = rng.standard_normal((131, packed.shape[1] * 32 // bits)).astype(np.float32)
+    alone = np.concatenate(
+        [_int8(x[i : i + 1], packed, scales, biases, bits, group) for i in range(131)]
+    )
+    for rows in (2, 3, 4, 5, 9, 16, 31, 64, 131):
+        for start in (0, x.shape[0] - rows):
+            y = _int8(x[start : start + rows], packed, scales, biases, bits, group)
+            np.testing.assert_array_equal(y, alone[start : start + rows])
+
+
+def test_int8_mode_is_invariant_over_thread_counts() -> None:
+    rng = np.random.default_rng(4)
+    packed, scales, biases = _weights(rng, 1000, 512, 8, 64, half=True)
+    x = rng.standard_normal((9, 512)).astype(np.float32)
+    ext = quant.load_extension()
+    before = ext.threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            quant.set_threads(threads)
+            splits = ext.split_calls()
+            results.append(_int8(x, packed, scales, biases, 8, 64))
+            assert ext.split_calls() > splits or threads == 1
+    finally:
+        quant.set_threads(before)
+    for y in results[1:]:
+        np.testing.assert_array_equal(y, results[0])
+    np.testing.assert_array_equal(results[0], _int8_reference(x, packed, scales, biases, 8, 64))
+
+
+def test_int8_mode_in_lazy_graphs_and_bad_modes() -> None:
+    rng = np.random.default_rng(6)
+    packed, scales, biases = _weights(rng, 40, 256, 4, 64)
+    x = mx.array(rng.standard_normal((3, 256)).astype(np.float32))
+    direct = quant.qmm(x, packed, scales, biases, 4, 64, "int8")
+    compiled = mx.compile(lambda a: quant.qmm(a, packed, scales, biases, 4, 64, "int8"))
+    np.testing.assert_array_equal(np.array(compiled(x)), np.array(direct))
+    floats = quant.qmm(x, packed, scales, biases, 4, 64)
+    assert not mx.array_equal(floats, direct).item()  # the mode reaches the kernel
+    with pytest.raises(ValueError, match="activations"):
+        quant.qmm(x, packed, scales, biases, 4, 64, "int4")

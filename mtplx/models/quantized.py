@@ -11,7 +11,9 @@ Which format the CPU serves is chosen by ``MTPLX_WEIGHTS`` (``--weights`` on the
 line): ``native`` (default) keeps the checkpoint's quantization where the kernel takes it;
 ``f32`` dequantizes everything to float32 (the format before the kernel existed, kept for
 comparison and for models that need it). Layers the kernel does not take (other modes, bit
-widths or group sizes) are dequantized one by one.
+widths or group sizes) are dequantized one by one. How the kernel treats the rows it
+multiplies is ``MTPLX_ACTIVATIONS`` (``--activations``, ``activations_format``): ``float32``
+or ``int8`` (8-bit rows, integer dot products).
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ from mlx.utils import tree_flatten, tree_unflatten
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "ACTIVATIONS",
+    "DEFAULT_ACTIVATIONS",
     "FORMATS",
     "InvariantQuantizedEmbedding",
     "InvariantQuantizedLinear",
     "QuantWeight",
     "activation_dtype",
+    "activations_format",
     "describe_weights",
     "linear",
     "linear_kind",
@@ -44,6 +49,8 @@ __all__ = [
 ]
 
 FORMATS = ("native", "f32")
+ACTIVATIONS = ("int8", "float32")
+DEFAULT_ACTIVATIONS = "float32"
 KERNEL_BITS = (4, 8)
 KERNEL_GROUPS = (32, 64, 128)
 
@@ -55,6 +62,20 @@ def weights_format() -> str:
         value = "f32"
     if value not in FORMATS:
         raise ValueError(f"MTPLX_WEIGHTS={value!r}: expected one of {', '.join(FORMATS)}")
+    return value
+
+
+def activations_format() -> str:
+    """How quantized products treat their rows, from ``MTPLX_ACTIVATIONS`` (``--activations``):
+    ``float32`` multiplies them by the dequantized weights (the float32 path's numbers, to its
+    rounding); ``int8`` quantizes them per weight group to 8 bits and uses integer dot
+    products (faster; different numbers, still batch-invariant). A process setting, read when
+    a forward's graph is built: set it before loading a model."""
+    value = os.environ.get("MTPLX_ACTIVATIONS", "").strip().lower() or DEFAULT_ACTIVATIONS
+    if value in ("f32", "fp32"):
+        value = "float32"
+    if value not in ACTIVATIONS:
+        raise ValueError(f"MTPLX_ACTIVATIONS={value!r}: expected one of {', '.join(ACTIVATIONS)}")
     return value
 
 
@@ -83,11 +104,12 @@ class QuantWeight(NamedTuple):
 
 
 def linear(x: mx.array, weight: mx.array | QuantWeight) -> mx.array:
-    """``x @ weight.T`` for a float weight or a quantized one (the invariant kernel)."""
+    """``x @ weight.T`` for a float weight or a quantized one (the invariant kernel, in the
+    ``activations_format()`` mode)."""
     if isinstance(weight, QuantWeight):
         from mtplx.quant import qmm
 
-        return qmm(x, *weight.arrays, weight.bits, weight.group_size)
+        return qmm(x, *weight.arrays, weight.bits, weight.group_size, activations_format())
     return x @ weight.T
 
 

@@ -53,6 +53,8 @@ class InspectReport:
     # product kernel (mtplx.quant for quantized weights, the BLAS shim's for float32).
     weights: str = ""
     kernel: str = ""
+    # The quantized kernel's rows (MTPLX_ACTIVATIONS): "int8" or "float32"; "" without it.
+    activations: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -68,7 +70,8 @@ class InspectReport:
             f"parameters:       {self.parameter_count:,}",
             f"dtype:            {self.dtype}",
             f"weights served:   {self.weights}",
-            f"kernel:           {self.kernel}",
+            f"kernel:           {self.kernel}"
+            + (f" ({self.activations} activations)" if self.activations else ""),
             f"context length:   {self.context_length}",
             f"MTP layers:       {self.mtp_layers}"
             + (f" ({self.mtp_layout} layout)" if self.mtp_layout else ""),
@@ -150,7 +153,17 @@ def inspect(model: str | Path) -> InspectReport:
         notes=notes,
         weights=weights,
         kernel=kernel,
+        activations=_activations(kernel),
     )
+
+
+def _activations(kernel: str) -> str:
+    """The quantized kernel's activations mode when it serves the products, else ""."""
+    if not kernel.startswith("mtplx-invariant-") or "BLAS" in kernel:
+        return ""
+    from mtplx.models.quantized import activations_format
+
+    return activations_format()
 
 
 def served_weights(config: dict[str, Any]) -> tuple[str, str]:
