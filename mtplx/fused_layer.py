@@ -11,7 +11,8 @@ of a quantized trunk is five nodes (one group of rows):
 - the fused attention kernel (``mtplx.attention``) over the store;
 - ``after``: o_proj, residual, post-attention RMSNorm, fused gate/up, SwiGLU, down, residual.
 
-The products are the batch-invariant quantized kernel's (``mtplx.quant``), called from C;
+The products are the batch-invariant quantized kernel's (``mtplx.quant``), called from C, in
+the ``--activations`` mode every quantized product of the process takes;
 every elementwise step is MLX's own CPU operation in MLX's order (RMSNorm's sequential sum,
 MLX's scalar exp inside the sigmoid, RoPE's products rounded one by one), so the fused path
 gives the compiled path's bits exactly and the two can serve side by side
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mtplx.models.quantized import QuantWeight
+from mtplx.models.quantized import QuantWeight, activations_format
 from mtplx.quant import Unavailable, load_extension
 
 __all__ = ["after", "available", "before", "exp", "rms_norm", "swiglu", "write"]
@@ -70,6 +71,7 @@ def before(
         head_dim,
         rope_dims,
         float(eps),
+        activations_format() == "int8",
     )
     return q, k, v
 
@@ -99,6 +101,7 @@ def after(
         down.bits,
         down.group_size,
         float(eps),
+        activations_format() == "int8",
     )
 
 

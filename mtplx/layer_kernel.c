@@ -34,6 +34,8 @@
 
 extern int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scales,
                      const void *biases, int half, int N, int bits, int group, float *y);
+extern int mtplx_qmm_int8(const float *x, int M, int K, const uint32_t *w, const void *scales,
+                          const void *biases, int half, int N, int bits, int group, float *y);
 
 /* A quantized weight as mtplx_qmm takes it: [N, K] in MLX's affine layout. */
 typedef struct {
@@ -42,6 +44,7 @@ typedef struct {
     const void *biases;
     int half; /* scales and biases are float16 (else float32) */
     int N, K, bits, group;
+    int int8; /* the product's rows quantized to 8 bits per group (mtplx_qmm_int8) */
 } mtplx_qweight;
 
 /* Scratch for a call's intermediate rows: a decode step's (a few KB) is kept per thread and
@@ -66,8 +69,8 @@ static void release(float *p) {
 }
 
 static int product(const float *x, int M, const mtplx_qweight *w, float *y) {
-    return mtplx_qmm(x, M, w->K, w->w, w->scales, w->biases, w->half, w->N, w->bits, w->group,
-                     y);
+    return (w->int8 ? mtplx_qmm_int8 : mtplx_qmm)(x, M, w->K, w->w, w->scales, w->biases,
+                                                  w->half, w->N, w->bits, w->group, y);
 }
 
 /* rms_norm of n rows of H: see the header for the order. */

@@ -52,6 +52,7 @@ typedef struct {
   const void* biases;
   int half;
   int N, K, bits, group;
+  int int8;
 } mtplx_qweight;
 int mtplx_layer_before(const float* x, int n, int H, const float* norm, float eps,
                        const mtplx_qweight* qkv, int heads, int kv, int d, int dims,
@@ -274,7 +275,7 @@ mx::array attend(const mx::array& q, const mx::array& keys, const mx::array& val
 struct QWeightData {
   std::vector<char> wd, sd, bd;
   mtplx_qweight view(const mx::array& w, const mx::array& s, const mx::array& b, int bits,
-                     int group) {
+                     int group, bool int8) {
     mtplx_qweight q;
     q.w = static_cast<const uint32_t*>(dense(w, wd));
     q.scales = dense(s, sd);
@@ -284,6 +285,7 @@ struct QWeightData {
     q.K = static_cast<int>(w.shape(1) * 32 / bits);
     q.bits = bits;
     q.group = group;
+    q.int8 = int8;
     return q;
   }
 };
@@ -314,9 +316,9 @@ void check_weight(const mx::array& w, const mx::array& s, const mx::array& b, in
 class LayerBefore : public mx::Primitive {
  public:
   LayerBefore(mx::Stream stream, float eps, int heads, int kv, int d, int dims, int bits,
-              int group)
+              int group, bool int8)
       : mx::Primitive(stream), eps_(eps), heads_(heads), kv_(kv), d_(d), dims_(dims),
-        bits_(bits), group_(group) {}
+        bits_(bits), group_(group), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -325,12 +327,13 @@ class LayerBefore : public mx::Primitive {
     for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
     for (auto& a : outputs) out.push_back(mx::array::unsafe_weak_copy(a));
     encoder.dispatch([in = std::move(in), out = std::move(out), eps = eps_, heads = heads_,
-                      kv = kv_, d = d_, dims = dims_, bits = bits_, group = group_]() mutable {
+                      kv = kv_, d = d_, dims = dims_, bits = bits_, group = group_,
+                      int8 = int8_]() mutable {
       const int H = static_cast<int>(in[0].shape(-1));
       const int n = static_cast<int>(in[0].size() / H);
       std::vector<char> xd, nd, cd, sd;
       QWeightData qw;
-      const mtplx_qweight qkv = qw.view(in[2], in[3], in[4], bits, group);
+      const mtplx_qweight qkv = qw.view(in[2], in[3], in[4], bits, group, int8);
       const int rope_rows = static_cast<int>(in[5].size() / (dims / 2)) == 1 ? 1 : n;
       const int status = mtplx_layer_before(
           static_cast<const float*>(dense(in[0], xd)), n, H,
@@ -350,19 +353,21 @@ class LayerBefore : public mx::Primitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const LayerBefore*>(&other);
     return o != nullptr && o->eps_ == eps_ && o->heads_ == heads_ && o->kv_ == kv_ &&
-           o->d_ == d_ && o->dims_ == dims_ && o->bits_ == bits_ && o->group_ == group_;
+           o->d_ == d_ && o->dims_ == dims_ && o->bits_ == bits_ && o->group_ == group_ &&
+           o->int8_ == int8_;
   }
 
  private:
   float eps_;
   int heads_, kv_, d_, dims_, bits_, group_;
+  bool int8_;  // the products' rows quantized to 8 bits (mtplx_qmm_int8)
 };
 
 std::vector<mx::array> layer_before(const mx::array& x, const mx::array& norm,
                                     const mx::array& w, const mx::array& scales,
                                     const mx::array& biases, int bits, int group_size,
                                     const mx::array& cos, const mx::array& sin, int heads,
-                                    int kv, int head_dim, int dims, float eps) {
+                                    int kv, int head_dim, int dims, float eps, bool int8) {
   const int H = static_cast<int>(x.shape(-1));
   check_weight(w, scales, biases, bits, group_size, H);
   const int n = static_cast<int>(x.size() / H);
@@ -384,7 +389,8 @@ std::vector<mx::array> layer_before(const mx::array& x, const mx::array& norm,
   return mx::array::make_arrays(
       {{n, heads, head_dim}, {n, kv, head_dim}, {n, kv, head_dim}},
       {mx::float32, mx::float32, mx::float32},
-      std::make_shared<LayerBefore>(stream, eps, heads, kv, head_dim, dims, bits, group_size),
+      std::make_shared<LayerBefore>(stream, eps, heads, kv, head_dim, dims, bits, group_size,
+                                    int8),
       inputs);
 }
 
@@ -392,8 +398,8 @@ std::vector<mx::array> layer_before(const mx::array& x, const mx::array& norm,
 // weights (w, scales, biases each) -> [..., n, H].
 class LayerAfter : public mx::UnaryPrimitive {
  public:
-  LayerAfter(mx::Stream stream, float eps, std::array<int, 6> kinds)
-      : mx::UnaryPrimitive(stream), eps_(eps), kinds_(kinds) {}
+  LayerAfter(mx::Stream stream, float eps, std::array<int, 6> kinds, bool int8)
+      : mx::UnaryPrimitive(stream), eps_(eps), kinds_(kinds), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
     output.set_data(mx::allocator::malloc(output.nbytes()));
@@ -401,14 +407,14 @@ class LayerAfter : public mx::UnaryPrimitive {
     std::vector<mx::array> in;
     for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
     encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output), eps = eps_,
-                      k = kinds_]() mutable {
+                      k = kinds_, int8 = int8_]() mutable {
       const int H = static_cast<int>(in[0].shape(-1));
       const int n = static_cast<int>(in[0].size() / H);
       std::vector<char> xd, ad, nd;
       QWeightData ow, guw, dw;
-      const mtplx_qweight o = ow.view(in[3], in[4], in[5], k[0], k[1]);
-      const mtplx_qweight gu = guw.view(in[6], in[7], in[8], k[2], k[3]);
-      const mtplx_qweight down = dw.view(in[9], in[10], in[11], k[4], k[5]);
+      const mtplx_qweight o = ow.view(in[3], in[4], in[5], k[0], k[1], int8);
+      const mtplx_qweight gu = guw.view(in[6], in[7], in[8], k[2], k[3], int8);
+      const mtplx_qweight down = dw.view(in[9], in[10], in[11], k[4], k[5], int8);
       const int status = mtplx_layer_after(
           static_cast<const float*>(dense(in[0], xd)), static_cast<const float*>(dense(in[1], ad)),
           n, H, &o, static_cast<const float*>(dense(in[2], nd)), eps, &gu, &down,
@@ -425,7 +431,7 @@ class LayerAfter : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const LayerAfter*>(&other);
-    return o != nullptr && o->eps_ == eps_ && o->kinds_ == kinds_;
+    return o != nullptr && o->eps_ == eps_ && o->kinds_ == kinds_ && o->int8_ == int8_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -435,6 +441,7 @@ class LayerAfter : public mx::UnaryPrimitive {
  private:
   float eps_;
   std::array<int, 6> kinds_;  // (bits, group size) of o_proj, gate/up, down
+  bool int8_;                 // the products' rows quantized to 8 bits (mtplx_qmm_int8)
 };
 
 mx::array layer_after(const mx::array& x, const mx::array& attended, const mx::array& norm,
@@ -442,7 +449,7 @@ mx::array layer_after(const mx::array& x, const mx::array& attended, const mx::a
                       int o_bits, int o_group, const mx::array& gu_w, const mx::array& gu_s,
                       const mx::array& gu_b, int gu_bits, int gu_group, const mx::array& d_w,
                       const mx::array& d_s, const mx::array& d_b, int d_bits, int d_group,
-                      float eps) {
+                      float eps, bool int8) {
   const int H = static_cast<int>(x.shape(-1));
   const int A = static_cast<int>(attended.shape(-1));
   const int n = static_cast<int>(x.size() / H);
@@ -464,7 +471,8 @@ mx::array layer_after(const mx::array& x, const mx::array& attended, const mx::a
   return mx::array(x.shape(), mx::float32,
                    std::make_shared<LayerAfter>(
                        stream, eps,
-                       std::array<int, 6>{o_bits, o_group, gu_bits, gu_group, d_bits, d_group}),
+                       std::array<int, 6>{o_bits, o_group, gu_bits, gu_group, d_bits, d_group},
+                       int8),
                    inputs);
 }
 
@@ -595,14 +603,17 @@ NB_MODULE(_mtplx_quant, m) {
   m.def("layer_before", &layer_before, nb::arg("x"), nb::arg("norm"), nb::arg("w"),
         nb::arg("scales"), nb::arg("biases"), nb::arg("bits"), nb::arg("group_size"),
         nb::arg("cos"), nb::arg("sin"), nb::arg("heads"), nb::arg("kv_heads"),
-        nb::arg("head_dim"), nb::arg("dims"), nb::arg("eps"),
-        "A layer's norm, fused q/k/v product and RoPE as one lazy node -> [q, k, v].");
+        nb::arg("head_dim"), nb::arg("dims"), nb::arg("eps"), nb::arg("int8") = false,
+        "A layer's norm, fused q/k/v product and RoPE as one lazy node -> [q, k, v]; int8: "
+        "the product's rows quantized to 8 bits per group (integer dot products).");
   m.def("layer_after", &layer_after, nb::arg("x"), nb::arg("attended"), nb::arg("norm"),
         nb::arg("o_w"), nb::arg("o_scales"), nb::arg("o_biases"), nb::arg("o_bits"),
         nb::arg("o_group"), nb::arg("gu_w"), nb::arg("gu_scales"), nb::arg("gu_biases"),
         nb::arg("gu_bits"), nb::arg("gu_group"), nb::arg("d_w"), nb::arg("d_scales"),
         nb::arg("d_biases"), nb::arg("d_bits"), nb::arg("d_group"), nb::arg("eps"),
-        "A layer's o_proj, residual, norm, gate/up, SwiGLU, down and residual as one node.");
+        nb::arg("int8") = false,
+        "A layer's o_proj, residual, norm, gate/up, SwiGLU, down and residual as one node; "
+        "int8: the products' rows quantized to 8 bits per group.");
   m.def("kv_write", &kv_write, nb::arg("store"), nb::arg("fresh"), nb::arg("write_at"),
         nb::arg("to_padded"), nb::arg("tokens"),
         "A group's new keys (or values) written into a layer's store, lazily (one node).");

@@ -201,6 +201,26 @@ def test_fused_forwards_give_the_compiled_bits(model) -> None:
         assert mx.array_equal(hidden, hidden2).item()
 
 
+def test_fused_forwards_follow_the_activations_mode(model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``--activations int8`` the fused halves take the integer-dot products, as the
+    compiled pieces do: the same bits as those, and not the float mode's."""
+    if not _quantized(model):
+        return
+    float_mode = _run(SlotTarget(model.target, max_rows=8, attention="kernel"))
+    monkeypatch.setenv("MTPLX_ACTIVATIONS", "int8")
+    fused = SlotTarget(model.target, max_rows=8, attention="kernel")
+    assert fused.fuses_layers
+    compiled = SlotTarget(model.target, max_rows=8, attention="kernel")
+    compiled.fuses_layers = False
+    int8_fused, int8_compiled = _run(fused), _run(compiled)
+    for (logits, hidden), (logits2, hidden2) in zip(int8_compiled, int8_fused, strict=True):
+        assert mx.array_equal(logits, logits2).item()
+        assert mx.array_equal(hidden, hidden2).item()
+    assert not all(
+        mx.array_equal(a, b).item() for (a, _), (b, _) in zip(float_mode, int8_fused, strict=True)
+    )
+
+
 def test_mlx_attention_keeps_the_compiled_pieces(model) -> None:
     assert not SlotTarget(model.target, max_rows=2, attention="mlx").fuses_layers
 
