@@ -183,9 +183,12 @@ def sample_counts(
     engine: Engine, requests: list[GenerationRequest], num_alone: int = NUM_ALONE
 ) -> dict[tuple[int, ...], int]:
     """How often each output occurs among ``requests`` run concurrently; the first
-    ``num_alone`` are also run alone and must emit the same tokens there."""
+    ``num_alone`` are also run alone and, at a fixed depth, must emit the same tokens there
+    (an adaptive depth follows the batch's size, and a seed's draws follow the depth)."""
     outputs = run_concurrently(engine, requests)
     for request, together in zip(requests[:num_alone], outputs, strict=False):
+        if request.depth is None:
+            continue
         alone = tuple(e.token_id for e in engine.generate(request) if isinstance(e, TokenEvent))
         assert alone == together, request.sampler.seed
     observed: dict[tuple[int, ...], int] = {}
