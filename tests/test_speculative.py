@@ -173,7 +173,8 @@ SMALL_VOCAB = 12
 NUM_GENERATED = 3
 NUM_RUNS = 1500
 # The chi-square runs decode this many requests at once (continuous batching, one engine);
-# the first NUM_ALONE of a case also run alone, and must emit the same tokens.
+# the first NUM_ALONE of a case also run alone and, at a fixed depth, must emit the same
+# tokens: a case's counts are then those of its requests run one at a time.
 MAX_CONCURRENT = 64
 NUM_ALONE = 8
 SLOW = pytest.mark.slow  # the longest chi-square runs: `make test-slow`
