@@ -37,8 +37,10 @@ test: $(STAMP)
 test-e2e: $(STAMP) browser haproxy
 	$(BIN)/python -m pytest -m e2e
 
-# The longest runs: per-case engine chi-square tests (1,500 generations each) and full-length
-# greedy equality on every family; the default tier keeps a representative of each.
+# The longest runs: per-case engine chi-square tests (1,500 seeded generations each, decoded
+# 64 at a time) and full-length greedy equality on every family (every drafter x depth x
+# prompt, 16 at a time, and each drafter and depth alone); the default tier keeps a
+# representative of each.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 

@@ -44,6 +44,25 @@ def generate(engine: Engine, request: GenerationRequest) -> tuple[list[int], Fin
     return tokens, finish
 
 
+def run_concurrently(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[int, ...]]:
+    """Each request's tokens: the requests run through one engine, ``engine.max_num_seqs``
+    at a time, each joining as soon as a row is free. A greedy request, or a seeded one at
+    a fixed depth, emits the tokens it emits alone (batch invariance), in far fewer engine
+    steps than one request at a time."""
+    tokens: list[list[int]] = [[] for _ in requests]
+    waiting = list(reversed(range(len(requests))))
+    while waiting or engine.running:
+        while waiting and engine.has_room:
+            index = waiting.pop()
+            engine.add(requests[index], tag=index)
+        for sequence, event in engine.step():
+            if isinstance(event, BaseException):
+                raise event
+            if isinstance(event, TokenEvent):
+                tokens[sequence.tag].append(event.token_id)
+    return [tuple(generated) for generated in tokens]
+
+
 LLAMA_LIKE_KINDS = ("llama_mtp", "llama_no_mtp")
 
 
@@ -69,10 +88,19 @@ def llama_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
 
 
 def _assert_greedy_equal(
-    engine: Engine, num_prompts: int, num_tokens: int, depths, rotate: bool = False
+    engine: Engine,
+    num_prompts: int,
+    num_tokens: int,
+    depths,
+    rotate: bool = False,
+    together: bool = False,
 ) -> None:
-    """Every available drafter at every depth emits plain greedy decoding's tokens. With
-    ``rotate``, prompt i is checked at depth depths[i % len(depths)] only."""
+    """Every available drafter at every depth emits plain greedy decoding's tokens (plain
+    decoding alone is the reference). With ``rotate``, prompt i is checked at depth
+    depths[i % len(depths)] only. With ``together``, the whole cross product runs
+    ``engine.max_num_seqs`` requests at a time (rows of every drafter, depth and prompt side
+    by side), and prompt i also runs alone with drafter i % len(drafters) at depth
+    depths[i % len(depths)]: with 20 prompts every (drafter, depth) pair runs alone once."""
     prompts = _prompts(engine.vocab_size, num_prompts)
     plain = {}
     for index, prompt in enumerate(prompts):
@@ -85,21 +113,38 @@ def _assert_greedy_equal(
     names = ("mtp", "draft_model", "ngram", "mtp+ngram", "draft_model+ngram")
     drafters = [d for d in names if d in engine.available_drafters]
     assert "mtp" in drafters
-    for drafter in drafters:
-        for depth in depths:
-            for index, prompt in enumerate(prompts):
-                if rotate and depths[index % len(depths)] != depth:
-                    continue
-                request = GenerationRequest(
-                    prompt,
-                    GREEDY,
-                    max_tokens=num_tokens,
-                    drafter=drafter,
-                    depth=depth,
-                    ignore_eos=True,
-                )
-                tokens, _ = generate(engine, request)
-                assert tokens == plain[index], (drafter, depth, index)
+    cases = [
+        (drafter, depth, index)
+        for drafter in drafters
+        for depth in depths
+        for index in range(len(prompts))
+        if not rotate or depths[index % len(depths)] == depth
+    ]
+    if together:
+        alone = {
+            (drafters[index % len(drafters)], depths[index % len(depths)], index)
+            for index in range(len(prompts))
+        }
+    else:
+        alone = set(cases)
+    requests = [
+        GenerationRequest(
+            prompts[index],
+            GREEDY,
+            max_tokens=num_tokens,
+            drafter=drafter,
+            depth=depth,
+            ignore_eos=True,
+        )
+        for drafter, depth, index in cases
+    ]
+    for case, request in zip(cases, requests, strict=True):
+        if case in alone:
+            tokens, _ = generate(engine, request)
+            assert tokens == plain[case[2]], case
+    if together:
+        for case, tokens in zip(cases, run_concurrently(engine, requests), strict=True):
+            assert list(tokens) == plain[case[2]], case
 
 
 def test_greedy_speculative_equals_plain_llama(llama_engine: Engine) -> None:
@@ -110,7 +155,7 @@ def test_greedy_speculative_equals_plain_llama(llama_engine: Engine) -> None:
 
 @pytest.mark.slow
 def test_greedy_speculative_equals_plain_llama_every_depth(llama_engine: Engine) -> None:
-    _assert_greedy_equal(llama_engine, NUM_PROMPTS, NUM_TOKENS, depths=(1, 2, 3, 4))
+    _assert_greedy_equal(llama_engine, NUM_PROMPTS, NUM_TOKENS, (1, 2, 3, 4), together=True)
 
 
 def test_greedy_adaptive_depth_equals_plain_llama(llama_engine: Engine) -> None:
@@ -130,6 +175,8 @@ def test_greedy_speculative_equals_plain_other_families(
 def test_greedy_speculative_equals_plain_other_families_full(
     kind: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    # One request at a time: these families run one forward per row, and their rows side
+    # by side take more CPU than one at a time (packed llama rows take less: above).
     engine = load_fixture(kind, tmp_path_factory.mktemp(kind))
     _assert_greedy_equal(engine, NUM_PROMPTS, NUM_TOKENS, depths=(1, 2, 3, 4))
 

@@ -10,6 +10,7 @@ from mtplx.models import load, make_layer_skip_draft
 from mtplx.models.gguf import ensure_default_model
 from mtplx.request import GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig
+from tests.test_engine import run_concurrently
 
 GREEDY = SamplerConfig(temperature=0.0)
 DRAFT_LAYERS = 8
@@ -55,18 +56,41 @@ def _tokens(engine: Engine, request: GenerationRequest) -> list[int]:
     return [e.token_id for e in engine.generate(request) if isinstance(e, TokenEvent)]
 
 
-def _assert_greedy_equal(engine: Engine, prompts: list[str], num_tokens: int, depths) -> None:
+def _assert_greedy_equal(
+    engine: Engine, prompts: list[str], num_tokens: int, depths, together: bool = False
+) -> None:
+    """Every drafter at every depth emits plain greedy decoding's tokens (plain decoding
+    alone is the reference). With ``together``, the whole cross product runs
+    ``engine.max_num_seqs`` requests at a time, and prompt i also runs alone with drafter
+    i % len(drafters) at depth depths[i % len(depths)] (with 20 prompts and 5 drafters, every
+    (drafter, depth) pair runs alone once)."""
     names = ("mtp", "draft_model", "ngram", "mtp+ngram", "draft_model+ngram")
     drafters = [d for d in names if d in engine.available_drafters]
-    for index, text in enumerate(prompts):
-        prompt = _prompt_ids(engine, text)
-        plain = _tokens(engine, GenerationRequest(prompt, GREEDY, num_tokens, drafter="none"))
-        for drafter in drafters:
-            for depth in depths:
-                request = GenerationRequest(
-                    prompt, GREEDY, num_tokens, drafter=drafter, depth=depth
-                )
-                assert _tokens(engine, request) == plain, (drafter, depth, index)
+    ids = [_prompt_ids(engine, text) for text in prompts]
+    plain = [_tokens(engine, GenerationRequest(p, GREEDY, num_tokens, drafter="none")) for p in ids]
+    cases = [
+        (drafter, depth, index)
+        for index in range(len(ids))
+        for drafter in drafters
+        for depth in depths
+    ]
+    if together:
+        alone = {
+            (drafters[index % len(drafters)], depths[index % len(depths)], index)
+            for index in range(len(ids))
+        }
+    else:
+        alone = set(cases)
+    requests = [
+        GenerationRequest(ids[index], GREEDY, num_tokens, drafter=drafter, depth=depth)
+        for drafter, depth, index in cases
+    ]
+    for case, request in zip(cases, requests, strict=True):
+        if case in alone:
+            assert _tokens(engine, request) == plain[case[2]], case
+    if together:
+        for case, tokens in zip(cases, run_concurrently(engine, requests), strict=True):
+            assert list(tokens) == plain[case[2]], case
 
 
 def test_default_model_greedy_speculative_equals_plain(engine: Engine) -> None:
@@ -75,4 +99,4 @@ def test_default_model_greedy_speculative_equals_plain(engine: Engine) -> None:
 
 @pytest.mark.slow
 def test_default_model_greedy_speculative_equals_plain_full(engine: Engine) -> None:
-    _assert_greedy_equal(engine, CHAT_PROMPTS, num_tokens=128, depths=(1, 2, 3, 4))
+    _assert_greedy_equal(engine, CHAT_PROMPTS, 128, depths=(1, 2, 3, 4), together=True)

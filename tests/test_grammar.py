@@ -23,7 +23,7 @@ from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.tokenizer import IM_END_ID
 from tests.fixtures.variants import untie_lm_head
 from tests.test_engine_batching import run_batch
-from tests.test_speculative import _next_logits_from_history
+from tests.test_speculative import MAX_CONCURRENT, _next_logits_from_history, sample_counts
 
 GREEDY = SamplerConfig(temperature=0.0)
 SIGNIFICANCE = 1e-3
@@ -86,7 +86,8 @@ def small_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     build_checkpoint("llama_mtp", directory)
     untie_lm_head(directory, logit_scale=2.0, vocab_size=SMALL_VOCAB)
     model = load(directory)
-    return Engine(model, draft_model=make_layer_skip_draft(model, 1))
+    draft = make_layer_skip_draft(model, 1)
+    return Engine(model, draft_model=draft, max_num_seqs=MAX_CONCURRENT)
 
 
 @pytest.fixture(scope="module")
@@ -322,9 +323,9 @@ def _exact_constrained(
     return {sequence: done.get(sequence, 0.0) for sequence in every}
 
 
-# 1,500 engine runs a case: the default tier keeps the lookup-first case (both drafters of a
-# mix, a grammar that finishes) beside the negative control below; the others run in
-# `make test-slow`.
+# 1,500 seeded runs a case, decoded concurrently: the default tier keeps the lookup-first
+# case (both drafters of a mix, a grammar that finishes) beside the negative control below;
+# the others run in `make test-slow`.
 @pytest.mark.parametrize(
     "drafter, config, grammar",
     [
@@ -356,12 +357,10 @@ def test_constrained_sampling_follows_plain_constrained_decoding(
         (FINISHING, _finishing_next) if grammar == "finishing" else (OPEN, _open_next)
     )
     exact = _exact_constrained(small_engine, prompt, config, allowed_after)
-    observed: dict[tuple[int, ...], int] = {}
-    for run in range(NUM_RUNS):
-        seeded = SamplerConfig(**{**config.__dict__, "seed": run, "logit_bias": {}})
-        request = GenerationRequest(
+    requests = [
+        GenerationRequest(
             prompt,
-            seeded,
+            SamplerConfig(**{**config.__dict__, "seed": run, "logit_bias": {}}),
             max_tokens=NUM_GENERATED,
             drafter=drafter,
             depth=2,
@@ -370,10 +369,9 @@ def test_constrained_sampling_follows_plain_constrained_decoding(
             grammar=spec,
             close_within_budget=False,  # the grammar alone (the budget rule: below)
         )
-        tokens = tuple(
-            e.token_id for e in small_engine.generate(request) if isinstance(e, TokenEvent)
-        )
-        observed[tokens] = observed.get(tokens, 0) + 1
+        for run in range(NUM_RUNS)
+    ]
+    observed = sample_counts(small_engine, requests)
     assert _chi_square_pvalue(observed, exact, NUM_RUNS) > SIGNIFICANCE
 
 
@@ -405,23 +403,21 @@ def test_the_budget_rule_is_exact_and_closes_the_text(
     prompt = [0, 1, 2, 0, 1]
     max_tokens = NUM_GENERATED + 1
     exact = _exact_constrained(small_engine, prompt, config, _quoted_next, max_tokens)
-    observed: dict[tuple[int, ...], int] = {}
-    for run in range(NUM_RUNS):
-        seeded = SamplerConfig(**{**config.__dict__, "seed": run})
-        request = GenerationRequest(
+    requests = [
+        GenerationRequest(
             prompt,
-            seeded,
+            SamplerConfig(**{**config.__dict__, "seed": run}),
             max_tokens=max_tokens,
             drafter=drafter,
             depth=2,
             ignore_eos=True,
             grammar=QUOTED,
         )
-        tokens = tuple(
-            e.token_id for e in small_engine.generate(request) if isinstance(e, TokenEvent)
-        )
+        for run in range(NUM_RUNS)
+    ]
+    observed = sample_counts(small_engine, requests)
+    for tokens in observed:
         assert tokens[0] == tokens[-1] == 1 and len(tokens) >= 2, tokens  # a closed string
-        observed[tokens] = observed.get(tokens, 0) + 1
     assert _chi_square_pvalue(observed, exact, NUM_RUNS) > SIGNIFICANCE
 
 
@@ -430,15 +426,13 @@ def test_the_chi_square_sees_an_unconstrained_sampler(small_engine: Engine) -> N
     prompt = [0, 1, 2, 0, 1]
     config = SamplerConfig(temperature=0.8)
     exact = _exact_constrained(small_engine, prompt, config, _finishing_next)
-    observed: dict[tuple[int, ...], int] = {}
-    for run in range(300):
-        request = GenerationRequest(
+    requests = [
+        GenerationRequest(
             prompt, SamplerConfig(temperature=0.8, seed=run), NUM_GENERATED, ignore_eos=True
         )
-        tokens = tuple(
-            e.token_id for e in small_engine.generate(request) if isinstance(e, TokenEvent)
-        )
-        observed[tokens] = observed.get(tokens, 0) + 1
+        for run in range(300)
+    ]
+    observed = sample_counts(small_engine, requests)
     with pytest.raises(AssertionError, match="impossible output"):
         _chi_square_pvalue(observed, exact, 300)
 

@@ -21,6 +21,7 @@ from mtplx.request import GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig, distribution_from_logits
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head
+from tests.test_engine import run_concurrently
 
 GREEDY = SamplerConfig(temperature=0.0)
 SIGNIFICANCE = 1e-3
@@ -171,7 +172,30 @@ def test_drafter_state_matches_committed_history(
 SMALL_VOCAB = 12
 NUM_GENERATED = 3
 NUM_RUNS = 1500
+# The chi-square runs decode this many requests at once (continuous batching, one engine);
+# the first NUM_ALONE of a case also run alone and, at a fixed depth, must emit the same
+# tokens: a case's counts are then those of its requests run one at a time.
+MAX_CONCURRENT = 64
+NUM_ALONE = 8
 SLOW = pytest.mark.slow  # the longest chi-square runs: `make test-slow`
+
+
+def sample_counts(
+    engine: Engine, requests: list[GenerationRequest], num_alone: int = NUM_ALONE
+) -> dict[tuple[int, ...], int]:
+    """How often each output occurs among ``requests`` run concurrently; the first
+    ``num_alone`` are also run alone and, at a fixed depth, must emit the same tokens there
+    (an adaptive depth follows the batch's size, and a seed's draws follow the depth)."""
+    outputs = run_concurrently(engine, requests)
+    for request, together in zip(requests[:num_alone], outputs, strict=False):
+        if request.depth is None:
+            continue
+        alone = tuple(e.token_id for e in engine.generate(request) if isinstance(e, TokenEvent))
+        assert alone == together, request.sampler.seed
+    observed: dict[tuple[int, ...], int] = {}
+    for output in outputs:
+        observed[output] = observed.get(output, 0) + 1
+    return observed
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +204,8 @@ def small_vocab_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     build_checkpoint("llama_mtp", directory)
     untie_lm_head(directory, logit_scale=2.0, vocab_size=SMALL_VOCAB)
     model = load(directory)
-    return Engine(model, draft_model=make_layer_skip_draft(model, 1))
+    draft = make_layer_skip_draft(model, 1)
+    return Engine(model, draft_model=draft, max_num_seqs=MAX_CONCURRENT)
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +224,7 @@ def small_vocab_reduced_draft_engine(tmp_path_factory: pytest.TempPathFactory) -
     mx.save_safetensors(str(directory / "mtp.safetensors"), head)
     model = load(directory)
     assert model.draft_vocab is not None
-    return Engine(model)
+    return Engine(model, max_num_seqs=MAX_CONCURRENT)
 
 
 @pytest.mark.slow  # 1,500 engine runs; the rule with any q stays in the default tier
@@ -210,14 +235,18 @@ def test_reduced_draft_vocabulary_follows_plain_decoding_distribution(
     prompt = [1, 2, 3, 1, 2]
     config = SamplerConfig(temperature=0.9, top_p=0.95)
     exact = _exact_first_tokens(engine, prompt, config)
-    observed: dict[tuple[int, ...], int] = {}
-    for run in range(NUM_RUNS):
-        seeded = SamplerConfig(temperature=0.9, top_p=0.95, seed=run)
-        request = GenerationRequest(
-            prompt, seeded, max_tokens=NUM_GENERATED, drafter="mtp", depth=2, ignore_eos=True
+    requests = [
+        GenerationRequest(
+            prompt,
+            SamplerConfig(temperature=0.9, top_p=0.95, seed=run),
+            max_tokens=NUM_GENERATED,
+            drafter="mtp",
+            depth=2,
+            ignore_eos=True,
         )
-        tokens = tuple(e.token_id for e in engine.generate(request) if isinstance(e, TokenEvent))
-        observed[tokens] = observed.get(tokens, 0) + 1
+        for run in range(NUM_RUNS)
+    ]
+    observed = sample_counts(engine, requests)
     assert _chi_square_pvalue(observed, exact, NUM_RUNS) > SIGNIFICANCE
 
 
@@ -261,7 +290,7 @@ def _chi_square_pvalue(observed: dict, exact: dict, num_runs: int) -> float:
     return stats.chisquare(observed_counts, expected_counts).pvalue
 
 
-# One request at a time through the engine, 1,500 runs a case. The default tier keeps the
+# 1,500 seeded runs a case, decoded concurrently. The default tier keeps the
 # lookup-first case (both drafters of a mix); every drafter's statistics in the default tier
 # also come from tests/test_engine_batching.py (rows of different drafters and samplers in
 # one batch) and the rule's from tests/test_sampling.py (30,000 sequences verified at once).
@@ -304,16 +333,18 @@ def test_first_tokens_follow_plain_decoding_distribution(
 ) -> None:
     prompt = [1, 2, 3, 1, 2]  # a repeat, so the n-gram drafter proposes
     exact = _exact_first_tokens(small_vocab_engine, prompt, config)
-    observed: dict[tuple[int, ...], int] = {}
-    for run in range(NUM_RUNS):
-        seeded = SamplerConfig(**{**config.__dict__, "seed": run, "logit_bias": {}})
-        request = GenerationRequest(
-            prompt, seeded, max_tokens=NUM_GENERATED, drafter=drafter, depth=2, ignore_eos=True
+    requests = [
+        GenerationRequest(
+            prompt,
+            SamplerConfig(**{**config.__dict__, "seed": run, "logit_bias": {}}),
+            max_tokens=NUM_GENERATED,
+            drafter=drafter,
+            depth=2,
+            ignore_eos=True,
         )
-        tokens = tuple(
-            e.token_id for e in small_vocab_engine.generate(request) if isinstance(e, TokenEvent)
-        )
-        observed[tokens] = observed.get(tokens, 0) + 1
+        for run in range(NUM_RUNS)
+    ]
+    observed = sample_counts(small_vocab_engine, requests)
     assert _chi_square_pvalue(observed, exact, NUM_RUNS) > SIGNIFICANCE
 
 
@@ -322,9 +353,8 @@ def test_ngram_drafter_is_exact_under_sampling_negative_control(small_vocab_engi
     T=0.8 enumeration must fail."""
     prompt = [1, 2, 3, 1, 2]
     exact = _exact_first_tokens(small_vocab_engine, prompt, SamplerConfig(temperature=0.8))
-    observed: dict[tuple[int, ...], int] = {}
-    for run in range(NUM_RUNS):
-        request = GenerationRequest(
+    requests = [
+        GenerationRequest(
             prompt,
             SamplerConfig(temperature=1.6, seed=run),
             max_tokens=NUM_GENERATED,
@@ -332,10 +362,9 @@ def test_ngram_drafter_is_exact_under_sampling_negative_control(small_vocab_engi
             depth=2,
             ignore_eos=True,
         )
-        tokens = tuple(
-            e.token_id for e in small_vocab_engine.generate(request) if isinstance(e, TokenEvent)
-        )
-        observed[tokens] = observed.get(tokens, 0) + 1
+        for run in range(NUM_RUNS)
+    ]
+    observed = sample_counts(small_vocab_engine, requests)
     assert _chi_square_pvalue(observed, exact, NUM_RUNS) < 1e-6
 
 
