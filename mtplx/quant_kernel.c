@@ -371,10 +371,13 @@ static void columns(const qmm_t *p, int n0, int n1) {
 /* -- threads: columns in chunks, taken by whichever thread is free ---------------------- */
 
 /* A product is split only when its multiply-adds (rows x columns x K) reach
- * MIN_PARALLEL_WORK: waking a helper costs a futex call and a context switch (~10-50 us,
- * far more where cores are shared), more than a single-row layer product takes (a decode
- * step's 3072 x 576 product is ~0.1 ms), so at one row only the LM head is split. */
-enum { MAX_THREADS = 8, SPIN_ROUNDS = 4000, CHUNK_COLS = 64, MIN_PARALLEL_WORK = 1 << 21 };
+ * MIN_PARALLEL_WORK. A sleeping helper costs a futex call and a context switch to wake, but
+ * a fused layer's products come close together (attention and a few elementwise steps
+ * between them), so a helper spinning between them (SPIN_ROUNDS) takes the next one at
+ * once: from a quarter of a million multiply-adds, the size of a single-row attention
+ * projection of a small model, splitting shortens the step (at the price of the spins:
+ * where other work shares the cores, MTPLX_QUANT_THREADS=1 keeps every product on one). */
+enum { MAX_THREADS = 8, SPIN_ROUNDS = 4000, CHUNK_COLS = 64, MIN_PARALLEL_WORK = 1 << 18 };
 enum { WAIT_SPINS = 256 }; /* the caller's spins on a helper's last chunk before yielding */
 
 static int threads_wanted = 1;
