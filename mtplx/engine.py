@@ -58,7 +58,7 @@ from mtplx.speculative import (
     cycle_uniforms,
     last_committed,
     plain_input,
-    propose,
+    propose_rows,
     queue_draft,
     queue_plain_rows,
     verify,
@@ -426,6 +426,7 @@ class Engine:
         where that does not stall behind a queued cycle)."""
         draft_started = time.perf_counter()
         self.last_draft_seconds = 0.0
+        rows: list[tuple[Sequence, int]] = []
         for group in (batch.drafting, batch.ahead):
             for sequence in list(group):
                 plan = batch.plans[sequence]
@@ -433,10 +434,18 @@ class Engine:
                     drafter = sequence.drafter
                     if drafter is not None and (use := draft_source(drafter, plan)) is not None:
                         drafter.use(use)
-                    batch.drafts[sequence] = propose(sequence, plan.num_draft, self.vocab_size)
+                    rows.append((sequence, plan.num_draft))
                 except Exception as exc:
                     group.remove(sequence)
                     self._fail(sequence, exc, events)
+        for (sequence, _), draft in zip(rows, propose_rows(rows, self.vocab_size), strict=True):
+            if isinstance(draft, Exception):
+                for group in (batch.drafting, batch.ahead):
+                    if sequence in group:
+                        group.remove(sequence)
+                self._fail(sequence, draft, events)
+            else:
+                batch.drafts[sequence] = draft
         if batch.drafts:
             proposals = [(d.tokens, d.qs) for d in batch.drafts.values()]
             if self.time_drafts:

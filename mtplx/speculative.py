@@ -162,27 +162,94 @@ def close_ahead(drafter: Drafter | None, ahead: Ahead, started: float | None = N
 
 def propose(sequence: Sequence, num_draft: int, vocab_size: int) -> Draft:
     """Draft up to ``num_draft`` tokens for ``sequence`` (left lazy)."""
-    uniforms = _next_uniforms(sequence, num_draft)
-    started = time.perf_counter()
-    tokens: list[mx.array] = []
-    qs: list[mx.array] = []
-    drafter = sequence.drafter
-    if drafter is not None and num_draft > 0:
-        sampler = DraftSampler(
-            sequence.config,
-            vocab_size,
-            uniforms[:num_draft],
-            sequence.token_counts,
-            drafter.draft_vocab,
-            sequence.grammar,
-        )
-        tokens, qs = drafter.propose(sequence.tokens, num_draft, sampler)
-        masks: list[mx.array] = []
-        if sequence.grammar is not None and tokens:
-            masks = sampler.masks if sampler.num_drawn else _lookup_masks(sequence, tokens)
-            tokens, qs = tokens[: len(masks)], qs[: len(masks)]
+    draft = propose_rows([(sequence, num_draft)], vocab_size)[0]
+    if isinstance(draft, Exception):
+        raise draft
+    return draft
+
+
+def propose_rows(rows: list[tuple[Sequence, int]], vocab_size: int) -> list[Draft | Exception]:
+    """``propose`` for many rows (sequence, number of drafts), left lazy: rows whose active
+    drafters share a ``batch_key`` propose together (one MTP head forward a depth for all
+    of them), each row's draft bitwise what it drafts alone. Per row its Draft, or the
+    exception that failed it (a shared proposal that fails fails its rows)."""
+    drafts: list[Draft | Exception | None] = [None] * len(rows)
+    samplers: dict[int, DraftSampler] = {}
+    uniforms: dict[int, mx.array] = {}
+    groups: dict[object, list[int]] = {}
+    for index, (sequence, num_draft) in enumerate(rows):
+        try:
+            uniforms[index] = _next_uniforms(sequence, num_draft)
+            drafter = sequence.drafter
+            if drafter is None or num_draft <= 0:
+                drafts[index] = Draft(mx.zeros((0,), mx.int32), [], uniforms[index], num_draft, 0.0)
+                continue
+            samplers[index] = DraftSampler(
+                sequence.config,
+                vocab_size,
+                uniforms[index][:num_draft],
+                sequence.token_counts,
+                drafter.draft_vocab,
+                sequence.grammar,
+            )
+            key = drafter.active().batch_key
+            groups.setdefault(("alone", index) if key is None else key, []).append(index)
+        except Exception as exc:
+            drafts[index] = exc
+    for members in groups.values():
+        started = time.perf_counter()
+        try:
+            proposals = _propose_group(
+                [rows[i][0] for i in members],
+                [rows[i][1] for i in members],
+                [samplers[i] for i in members],
+            )
+        except Exception as exc:
+            for i in members:
+                drafts[i] = exc
+            continue
+        seconds = time.perf_counter() - started
+        for i, (tokens, qs) in zip(members, proposals, strict=True):
+            try:
+                drafts[i] = _draft(
+                    rows[i][0], rows[i][1], tokens, qs, uniforms[i], samplers[i], seconds
+                )
+            except Exception as exc:
+                drafts[i] = exc
+    return [d for d in drafts if d is not None]
+
+
+def _propose_group(
+    sequences: list[Sequence], ks: list[int], samplers: list[DraftSampler]
+) -> list[tuple[list[mx.array], list[mx.array]]]:
+    """The proposals of rows whose active drafters propose together (one row: its own
+    ``propose``)."""
+    histories = [s.tokens for s in sequences]
+    drafters = [s.drafter for s in sequences]
+    assert all(d is not None for d in drafters)
+    if len(sequences) == 1:
+        assert drafters[0] is not None
+        return [drafters[0].propose(histories[0], ks[0], samplers[0])]
+    actives = [d.active() for d in drafters if d is not None]
+    return actives[0].propose_batch(actives, histories, ks, samplers)
+
+
+def _draft(
+    sequence: Sequence,
+    num_draft: int,
+    tokens: list[mx.array],
+    qs: list[mx.array],
+    uniforms: mx.array,
+    sampler: DraftSampler,
+    seconds: float,
+) -> Draft:
+    """A row's Draft from its proposal; with a grammar, cut to the prefix it allows."""
+    masks: list[mx.array] = []
+    if sequence.grammar is not None and tokens:
+        masks = sampler.masks if sampler.num_drawn else _lookup_masks(sequence, tokens)
+        tokens, qs = tokens[: len(masks)], qs[: len(masks)]
     drafted = mx.stack(tokens).astype(mx.int32) if tokens else mx.zeros((0,), mx.int32)
-    draft = Draft(drafted, qs, uniforms, num_draft, time.perf_counter() - started)
+    draft = Draft(drafted, qs, uniforms, num_draft, seconds)
     if sequence.grammar is not None and tokens:
         draft.masks = masks
     return draft

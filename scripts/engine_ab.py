@@ -8,8 +8,9 @@ time, turn about, which a loaded shared machine does not skew the way wall time 
 
 Outputs: greedy and seeded fixed-depth generations for every drafter the model offers,
 alone and 16 at once, must be identical (exit 1 otherwise). Speed: CPU seconds per token of
-single-stream greedy generations with the default drafter, best of ``--rounds`` per side;
-the ratio is old / new (above 1: the working tree is faster).
+greedy generations with the default drafter (adaptive depth), 1 and 16 streams at once
+(``--streams``), best of ``--rounds`` per side; the ratio is old / new (above 1: the
+working tree is faster).
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--speed-only", action="store_true", help="skip the output comparison")
+    parser.add_argument(
+        "--streams", type=int, nargs="*", default=[1, 16], help="concurrent streams to time"
+    )
     parser.add_argument("--drafters", nargs="*", help="compare these only (default: all)")
     args = parser.parse_args()
 
@@ -118,22 +122,23 @@ def main() -> int:
                 print(f"{drafter:18s} {mode:6s} x{count:<2d} identical={equal}", flush=True)
 
     default = engines["new"].default_drafter
-    best = {"old": float("inf"), "new": float("inf")}
-    for round_ in range(args.rounds):
-        # Turn about, each side first every other round: the one that runs second inherits
-        # the first's allocator and cache state.
-        for side in ("old", "new") if round_ % 2 == 0 else ("new", "old"):
-            engine = engines[side]
-            reqs = requests_for(tokenizer, default, False, 1, args.tokens * 2)
-            started = time.process_time()
-            tokens = run_batch(engine, reqs)
-            spent = time.process_time() - started
-            best[side] = min(best[side], spent / len(tokens[0]))
-    ratio = best["old"] / best["new"]
-    print(
-        f"single stream, {default}: old {best['old'] * 1e3:.2f} ms CPU/token, "
-        f"new {best['new'] * 1e3:.2f} ms CPU/token, speed new/old {ratio:.3f}"
-    )
+    for streams in args.streams:
+        best = {"old": float("inf"), "new": float("inf")}
+        for round_ in range(args.rounds):
+            # Turn about, each side first every other round: the one that runs second
+            # inherits the first's allocator and cache state.
+            for side in ("old", "new") if round_ % 2 == 0 else ("new", "old"):
+                reqs = requests_for(tokenizer, default, False, streams, args.tokens * 2)
+                started = time.process_time()
+                tokens = run_batch(engines[side], reqs)
+                spent = time.process_time() - started
+                best[side] = min(best[side], spent / sum(len(t) for t in tokens))
+        ratio = best["old"] / best["new"]
+        print(
+            f"{streams} stream(s), {default}: old {best['old'] * 1e3:.2f} ms CPU/token, "
+            f"new {best['new'] * 1e3:.2f} ms CPU/token, speed new/old {ratio:.3f}",
+            flush=True,
+        )
     return 0 if same else 1
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from mtplx.drafters import DraftModelDrafter, DraftSampler, MTPDrafter, NgramDrafter
-from mtplx.drafters.base import CommitsEagerly, OneSource
+from mtplx.drafters.base import CommitsEagerly, OneSource, ProposesAlone
 from mtplx.engine import Engine
 from mtplx.models import LoadedModel, load, make_layer_skip_draft
 from mtplx.request import GenerationRequest, TokenEvent
@@ -36,7 +36,7 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return load(directory)
 
 
-class ScriptedDrafter(CommitsEagerly, OneSource):
+class ScriptedDrafter(CommitsEagerly, OneSource, ProposesAlone):
     """Proposes the plain greedy continuation for the first ``num_right`` positions and a
     wrong token after, so a test controls how many draft tokens are accepted."""
 
