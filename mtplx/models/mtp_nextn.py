@@ -138,13 +138,14 @@ def _packed(
     goes alone, as it would without the others."""
     packs: list[tuple[list[mx.array], list[mx.array], list[list[Any]]]] = []
     used = INVARIANT_MAX_ROWS  # tokens in the last pack: none open yet
-    for row in zip(hidden, next_tokens, caches, strict=True):
-        size = int(row[1].shape[1])
+    for row_hidden, row_tokens, row_cache in zip(hidden, next_tokens, caches, strict=True):
+        size = int(row_tokens.shape[1])
         if used + size > INVARIANT_MAX_ROWS:
             packs.append(([], [], []))
             used = 0
-        for part, value in zip(packs[-1], row, strict=True):
-            part.append(value)
+        packs[-1][0].append(row_hidden)
+        packs[-1][1].append(row_tokens)
+        packs[-1][2].append(row_cache)
         used += size
     return packs
 
