@@ -20,7 +20,7 @@ from mtplx.speculative import (
     propose_rows,
     queue_draft,
     queue_plain_rows,
-    verify,
+    verify_rows,
 )
 from mtplx.step import StepBatch, StepResults
 
@@ -93,8 +93,8 @@ class Runner(EngineState):
             if any(s.grammar is not None for s in batch.drafting):
                 # Compute the forward while verify works out the grammar masks on the CPU.
                 mx.async_eval([output.logits for output in decoded])
-            for sequence, output in zip(batch.drafting, decoded, strict=True):
-                verdict = verify(sequence, batch.drafts[sequence], output)
+            rows = [(s, batch.drafts[s], o) for s, o in zip(batch.drafting, decoded, strict=True)]
+            for (sequence, _, output), verdict in zip(rows, verify_rows(rows), strict=True):
                 results.verdicts[sequence] = (output, *verdict)
             results.prefilled = outputs[batch.num_decoding :]
             if results.verdicts or results.prefilled:
@@ -119,18 +119,19 @@ class Runner(EngineState):
         plain = batch.plain
         queued = dict(zip(plain, queue_plain_rows(plain, outputs[: len(plain)]), strict=True))
         start = len(plain) + len(batch.drafting)
+        ahead = outputs[start : start + len(batch.ahead)]
+        rows = [(s, batch.drafts[s], o) for s, o in zip(batch.ahead, ahead, strict=True)]
         queued_drafts = {
             sequence: queue_draft(
                 self.batched,
                 sequence,
-                batch.drafts[sequence],
+                draft,
                 output,
                 batch.plans[sequence].source,
                 batch.started,
+                verdict,
             )
-            for sequence, output in zip(
-                batch.ahead, outputs[start : start + len(batch.ahead)], strict=True
-            )
+            for (sequence, draft, output), verdict in zip(rows, verify_rows(rows), strict=True)
         }
         mx.async_eval(
             [(a.logits, a.hidden, a.sample) for a in queued.values()],

@@ -331,6 +331,69 @@ def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.arra
     )
 
 
+def verify_rows(
+    rows: list[tuple[Sequence, Draft, RowOutput]],
+) -> list[tuple[mx.array, mx.array]]:
+    """``verify`` for many rows: those whose rule is a plain argmax (greedy, no penalties,
+    bias or grammar) once over their flattened positions, one argmax over every such row's
+    k+1 logits and the accept counts of all from the padded [rows, max k + 1] table of its
+    ids; the others row by row. The argmax of a position does not depend on the other
+    positions, so each verdict is bitwise ``verify``'s."""
+    verdicts: list[tuple[mx.array, mx.array] | None] = [None] * len(rows)
+    flat = [
+        i
+        for i, (sequence, _, _) in enumerate(rows)
+        if sequence.grammar is None and _argmax_rule(sequence.config)
+    ]
+    if len(flat) > 1:
+        together = _verify_argmax_rows([rows[i][1] for i in flat], [rows[i][2] for i in flat])
+        for i, verdict in zip(flat, together, strict=True):
+            verdicts[i] = verdict
+    return [
+        verdict if verdict is not None else verify(*row)
+        for row, verdict in zip(rows, verdicts, strict=True)
+    ]
+
+
+def _argmax_rule(config: SamplerConfig) -> bool:
+    """Whether a row's verdict is the argmax of its raw logits (``verify_rows``); a grammar
+    is checked by the caller's row (``Sequence.grammar``)."""
+    return config.is_greedy and not config.has_penalties and not config.logit_bias
+
+
+def _verify_argmax_rows(
+    drafts: list[Draft], outputs: list[RowOutput]
+) -> list[tuple[mx.array, mx.array]]:
+    """``mx_verify_greedy`` over rows of different depths at once: per row (num_accepted
+    [1] int32, output_tokens [1, k+1] int32), the ints ``verify`` gives."""
+    ks = [d.num_drafted for d in drafts]
+    width = max(ks) + 1
+    logits = mx.concatenate([o.asked_logits() for o in outputs])  # [sum (k+1), V]
+    greedy = mx.argmax(logits.astype(mx.float32), axis=-1).astype(mx.int32)  # [sum (k+1)]
+    starts = np.cumsum([0, *(k + 1 for k in ks)])[:-1]
+    draft_starts = np.cumsum([0, *ks])[:-1]
+    positions = np.arange(width)[None]  # [1, width]
+    k_col = np.array(ks)[:, None]  # [B, 1]
+    table = greedy[mx.array(starts[:, None] + np.minimum(positions, k_col))]  # [B, width]
+    drafted = mx.concatenate([d.tokens.astype(mx.int32) for d in drafts])  # [sum k]
+    real = positions < k_col  # [B, width]: a draft token there (the last column never)
+    where = np.where(real, draft_starts[:, None] + positions, 0)
+    padded = (
+        mx.where(mx.array(real), drafted[mx.array(where)], -1)
+        if drafted.size
+        else mx.full((len(ks), width), -1, mx.int32)
+    )  # [B, width], -1 where no draft: never an argmax
+    matches = (padded[:, :-1] == table[:, :-1]).astype(mx.int32)
+    num_accepted = mx.sum(mx.cumprod(matches, axis=-1), axis=-1).astype(mx.int32)  # [B]
+    token = mx.take_along_axis(table, num_accepted[:, None], axis=-1)  # [B, 1]
+    boundary = num_accepted[:, None]
+    cols = mx.arange(width)[None]
+    output_tokens = mx.where(cols < boundary, padded, mx.where(cols == boundary, token, -1)).astype(
+        mx.int32
+    )
+    return [(num_accepted[b : b + 1], output_tokens[b : b + 1, : k + 1]) for b, k in enumerate(ks)]
+
+
 def commit(
     target: BatchedTarget,
     sequence: Sequence,
@@ -404,11 +467,12 @@ def queue_draft(
     output: RowOutput,
     source: str | None,
     started: float,
+    verdict: tuple[mx.array, mx.array] | None = None,
 ) -> QueuedDraft:
-    """Verify lazily and bring the row and the drafter to the verdict without reading it:
-    the row drops the rejected drafts lazily, the drafter gets every verified position's pair
-    with the count that holds."""
-    num_accepted, output_tokens = verify(sequence, draft, output)
+    """Verify lazily (``verdict``: the row's, from ``verify_rows``) and bring the row and the
+    drafter to the verdict without reading it: the row drops the rejected drafts lazily, the
+    drafter gets every verified position's pair with the count that holds."""
+    num_accepted, output_tokens = verdict or verify(sequence, draft, output)
     target.trim_lazily(sequence.row, draft.num_drafted - num_accepted[0])
     drafter = sequence.drafter
     assert drafter is not None, "only drafting rows queue their cycles"
