@@ -171,36 +171,14 @@ class Engine(Admission, Schedule, Runner, Postprocess):
         events: list[StepEvent] = []
         if not self.batched.max_packed_rows:
             self._prefill(events)  # one row per forward: prompts go in forwards of their own
-        decoding = [s for s in self.running if s.prefilled and s.pending is None]
-        # While a prompt is fed beside them, adaptive rows do not draft: the steps are long,
-        # and a drafting row emits nothing in the step that re-queues its plain forward,
-        # which would double its wait between tokens.
-        prefilling = any(not s.prefilled for s in self.running)
-        plans = {}
-        for sequence in decoding:
-            try:
-                plans[sequence] = self._plan(sequence, len(decoding), prefilling)
-            except Exception as exc:  # one row's failure fails that request alone
-                self._fail(sequence, exc, events)
-        self._run(plans, events)
+        plans = self._plans(events)  # plan: each decoding row's next cycle
+        self._run(plans, events)  # schedule -> run -> postprocess: one target forward
         if not plans and self.batched.max_packed_rows:
-            # Nothing decodes yet: more prompt chunks cost no stream a delay.
-            fed = self.prefill_budget
-            while (
-                fed > 0
-                and any(not s.prefilled and not s.finished for s in self.running)
-                and not any(s.pending is not None for s in self.running)  # a first token waits
-            ):
-                before = sum(s.num_prefilled for s in self.running)
-                self._run({}, events)
-                fed -= sum(s.num_prefilled for s in self.running) - before
-        for sequence in list(self.running):
+            self._feed_prompts(events)  # nothing decodes yet: more prompt chunks
+        for sequence in list(self.running):  # emit
             if sequence.pending is not None and not sequence.finished:
                 events.extend((sequence, event) for event in self._emit(sequence))
-        for sequence in [s for s in self.running if s.finished]:
-            if self.prefix is not None and self.prefix.caches_replies and not sequence.failed:
-                self.prefix.remember(sequence, sequence.row.length)  # the next turn holds it
-            self.abort(sequence)
+        self._retire()
         self.num_steps += 1
         return events
 
@@ -217,6 +195,27 @@ class Engine(Admission, Schedule, Runner, Postprocess):
         results = self._execute(batch, inputs, events)  # run: the forward, the verdicts
         if results is not None:
             self._postprocess(batch, results, events)  # postprocess
+
+    def _feed_prompts(self, events: list[StepEvent]) -> None:
+        """While no stream decodes, forwards of prompt chunks alone up to the step's
+        prefill budget (they delay nobody), until a first token waits to be emitted."""
+        fed = self.prefill_budget
+        while (
+            fed > 0
+            and any(not s.prefilled and not s.finished for s in self.running)
+            and not any(s.pending is not None for s in self.running)  # a first token waits
+        ):
+            before = sum(s.num_prefilled for s in self.running)
+            self._run({}, events)
+            fed -= sum(s.num_prefilled for s in self.running) - before
+
+    def _retire(self) -> None:
+        """Finished rows leave the batch (a finished reply's blocks cached first, where the
+        prefix cache keeps replies: the next turn of the chat holds it)."""
+        for sequence in [s for s in self.running if s.finished]:
+            if self.prefix is not None and self.prefix.caches_replies and not sequence.failed:
+                self.prefix.remember(sequence, sequence.row.length)
+            self.abort(sequence)
 
     # -- cost calibration ---------------------------------------------------------------
 

@@ -24,6 +24,21 @@ BESIDE_STREAMS_TOKENS = 128
 class Schedule(EngineState):
     """The decisions of a step (no forward runs here)."""
 
+    def _plans(self, events: list[StepEvent]) -> dict[Sequence, Plan]:
+        """The next cycle of every decoding row (not one whose result waits to be emitted).
+        While a prompt is fed beside them, adaptive rows do not draft: the steps are long,
+        and a drafting row emits nothing in the step that re-queues its plain forward,
+        which would double its wait between tokens."""
+        decoding = [s for s in self.running if s.prefilled and s.pending is None]
+        prefilling = any(not s.prefilled for s in self.running)
+        plans = {}
+        for sequence in decoding:
+            try:
+                plans[sequence] = self._plan(sequence, len(decoding), prefilling)
+            except Exception as exc:  # one row's failure fails that request alone
+                self._fail(sequence, exc, events)
+        return plans
+
     def _plan(self, sequence: Sequence, batch_size: int, prefilling: bool = False) -> Plan:
         """The row's next cycle (a plan waiting for its ahead to close goes first)."""
         if sequence.planned is not None:
