@@ -4,8 +4,10 @@ A cycle with no draft tokens is plain decoding: the target forward over the newe
 token alone, then a sample from p. With k draft tokens the row feeds ``[last, d1 .. dk]``
 to the step's one batched target forward; the exact rule of ``mtplx.sampling`` accepts a
 prefix and emits the recovered or bonus token, and the row is rolled back past the rejected
-drafts. The engine calls, per row and step: ``propose`` (before the forward), ``verify``
-(after it, lazily), then ``commit`` once the step's results are evaluated.
+drafts. The engine calls, per step: ``propose_rows`` (before the forward; the rows whose
+drafters share a ``batch_key`` propose together, e.g. one MTP head forward a depth for all
+of them), ``verify_rows`` (after it, lazily; the greedy rows' rule once over their
+flattened positions), then ``commit`` per row once the step's results are evaluated.
 
 Plain cycles run one step ahead, as mlx-lm's generate loop does: the forward of the token
 being committed is queued (``queue_plain``: the next token's draw from it stays lazy) before

@@ -5,6 +5,10 @@ i, token x[i+1]). Committed pairs queue up and are fed in one forward when the n
 needs them (so cycles that draft nothing cost nothing here); that forward also yields the
 logits of the first draft token. Deeper draft tokens recurse on the head's own output hidden
 state and append speculative entries, which are rolled back before the next feed.
+
+The drafters of one head propose together (``propose_batch``): each depth is one
+``MTPHead.forward_rows`` over every row still drafting, the products shared, each row's
+cache its own, so a row drafts bitwise what it drafts alone.
 """
 
 from __future__ import annotations
