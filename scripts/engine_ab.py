@@ -1,8 +1,10 @@
-"""Paired A/B of the engine against ``mtplx/engine.py`` as it was at a git revision.
+"""Paired A/B of the engine against the engine's modules as they were at a git revision.
 
-Both engines run in this one process on the same loaded model (the rest of the package is
-the working tree's), so outputs can be compared token for token and speed measured in CPU
-time, turn about, which a loaded shared machine does not skew the way wall time is skewed:
+Both engines run in this one process on the same loaded model (``mtplx/engine.py`` and its
+phase modules at ``--rev``; the rest of the package, drafters and ``speculative`` included,
+is the working tree's: to compare those too, run each tree in a process of its own), so
+outputs can be compared token for token and speed measured in CPU time, turn about, which a
+loaded shared machine does not skew the way wall time is skewed:
 
     python scripts/engine_ab.py --rev HEAD~1 [--model DIR] [--tokens 48] [--rounds 3]
 
@@ -36,17 +38,31 @@ PROMPTS = [
 ]
 
 
+# The engine's modules (``mtplx.engine`` assembles the phase classes of the others), in an
+# order where each comes after those it imports.
+ENGINE_MODULES = ("engine_state", "prefill", "admission", "schedule", "runner", "postprocess")
+
+
 def old_engine_module(rev: str) -> ModuleType:
-    """``mtplx/engine.py`` at ``rev``, imported as a module of its own beside the new one."""
-    source = subprocess.run(
-        ["git", "show", f"{rev}:mtplx/engine.py"], cwd=ROOT, check=True, capture_output=True
-    ).stdout.decode()
-    spec = importlib.util.spec_from_loader("mtplx_engine_before", loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    exec(compile(source, f"{rev}:mtplx/engine.py", "exec"), module.__dict__)
-    return module
+    """``mtplx/engine.py`` at ``rev`` with the engine's phase modules of that revision (those
+    it has), imported as modules of their own beside the new ones."""
+    renamed = {}
+    for name in (*ENGINE_MODULES, "engine"):
+        path = f"{rev}:mtplx/{name}.py"
+        shown = subprocess.run(["git", "show", path], cwd=ROOT, capture_output=True)
+        if shown.returncode:
+            continue  # not at that revision (before the engine was split)
+        source = shown.stdout.decode()
+        for old_name, alias in renamed.items():
+            source = source.replace(f"from mtplx.{old_name} import", f"from {alias} import")
+        alias = f"mtplx_before_{name}"
+        spec = importlib.util.spec_from_loader(alias, loader=None)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[alias] = module
+        exec(compile(source, path, "exec"), module.__dict__)
+        renamed[name] = alias
+    return sys.modules["mtplx_before_engine"]
 
 
 def run_batch(engine: Any, requests: list[Any]) -> list[list[int]]:
