@@ -233,7 +233,7 @@ def _cache_path(engine: Engine) -> Path:
             engine.available_drafters,
             # A pipeline's forwards cost what its ranks and links do (absent otherwise, so
             # single-process keys are unchanged).
-            *filter(None, [getattr(engine.batched, "calibration_key", None)]),
+            *filter(None, [engine.batched.calibration_key]),
         ]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]

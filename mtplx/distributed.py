@@ -112,7 +112,7 @@ class PipelineTarget(SlotTarget):
         self.group = group
         self.timeout = timeout
         self.on_failure = on_failure
-        self.calibration_key = f"pipeline of {group.size()} ranks"
+        self.calibration_key: str | None = f"pipeline of {group.size()} ranks"
         # An idle pipeline is pinged this often, so a rank lost between requests is noticed
         # then, not by the next request.
         self.heartbeat = timeout / 4

@@ -1,9 +1,10 @@
 """The engine's side of the prefix cache: load cached blocks into a sequence's row, let a
 waiting prompt wait for blocks an earlier one is feeding, save a row's blocks.
 
-Where a row may resume (its ``stride``): after any block for the slot store, whose states
-are bitwise the same however a prompt is chunked, so cached blocks of a reply are exact too;
-for one-forward-per-row targets (hybrid recurrent, MLA), only at multiples of the prefill
+Where a row may resume (its ``stride``): after any block for a target whose states are
+bitwise the same however a prompt is chunked (``resumes_anywhere``: the slot store), so
+cached blocks of a reply are exact too; for the others (one forward per row: hybrid
+recurrent, MLA), only at multiples of the prefill
 chunk and only from prompt blocks (their prompt chunks are fixed by the prompt alone, so the
 states there are bitwise a cold prefill's, and recurrent state is snapshotted at chunk
 ends; a reply's states come from other shapes of forward and are not cached)."""
@@ -14,7 +15,7 @@ import logging
 
 import mlx.core as mx
 
-from mtplx.models.batched import BatchedTarget, SlotTarget
+from mtplx.models.batched import BatchedTarget
 from mtplx.prefix_cache import BLOCK_SIZE, BlockState, PrefixCache
 from mtplx.sequence import Sequence
 
@@ -27,7 +28,7 @@ class PrefixReuse:
     def __init__(self, cache: PrefixCache, target: BatchedTarget, prefill_chunk_size: int) -> None:
         self.cache = cache
         self.target = target
-        self.caches_replies = isinstance(target, SlotTarget)
+        self.caches_replies = target.resumes_anywhere
         self.stride = cache.block_size if self.caches_replies else prefill_chunk_size
         self._learn_block_size()
 
@@ -42,7 +43,7 @@ class PrefixReuse:
         if not target.saves_blocks:
             logger.warning("no prefix cache for %s: its layer caches cannot be saved", name)
             return None
-        if not isinstance(target, SlotTarget) and prefill_chunk_size % BLOCK_SIZE:
+        if not target.resumes_anywhere and prefill_chunk_size % BLOCK_SIZE:
             logger.warning(
                 "no prefix cache for %s: prefill_chunk_size %d is not a multiple of %d",
                 name,
@@ -54,8 +55,9 @@ class PrefixReuse:
 
     def _learn_block_size(self) -> None:
         """Tell the cache a block's size up front when the target knows it."""
-        if isinstance(self.target, SlotTarget):
-            self.cache.block_bytes = self.target.block_nbytes(self.cache.block_size)
+        block_bytes = self.target.block_nbytes(self.cache.block_size)
+        if block_bytes is not None:
+            self.cache.block_bytes = block_bytes
 
     def restart(self) -> None:
         """An empty cache with fresh counters (after calibration's own prompts)."""

@@ -4,8 +4,10 @@ A cycle with no draft tokens is plain decoding: the target forward over the newe
 token alone, then a sample from p. With k draft tokens the row feeds ``[last, d1 .. dk]``
 to the step's one batched target forward; the exact rule of ``mtplx.sampling`` accepts a
 prefix and emits the recovered or bonus token, and the row is rolled back past the rejected
-drafts. The engine calls, per row and step: ``propose`` (before the forward), ``verify``
-(after it, lazily), then ``commit`` once the step's results are evaluated.
+drafts. The engine calls, per step: ``propose_rows`` (before the forward; the rows whose
+drafters share a ``batch_key`` propose together, e.g. one MTP head forward a depth for all
+of them), ``verify_rows`` (after it, lazily; the greedy rows' rule once over their
+flattened positions), then ``commit`` per row once the step's results are evaluated.
 
 Plain cycles run one step ahead, as mlx-lm's generate loop does: the forward of the token
 being committed is queued (``queue_plain``: the next token's draw from it stays lazy) before
@@ -162,27 +164,94 @@ def close_ahead(drafter: Drafter | None, ahead: Ahead, started: float | None = N
 
 def propose(sequence: Sequence, num_draft: int, vocab_size: int) -> Draft:
     """Draft up to ``num_draft`` tokens for ``sequence`` (left lazy)."""
-    uniforms = _next_uniforms(sequence, num_draft)
-    started = time.perf_counter()
-    tokens: list[mx.array] = []
-    qs: list[mx.array] = []
-    drafter = sequence.drafter
-    if drafter is not None and num_draft > 0:
-        sampler = DraftSampler(
-            sequence.config,
-            vocab_size,
-            uniforms[:num_draft],
-            sequence.token_counts,
-            drafter.draft_vocab,
-            sequence.grammar,
-        )
-        tokens, qs = drafter.propose(sequence.tokens, num_draft, sampler)
-        masks: list[mx.array] = []
-        if sequence.grammar is not None and tokens:
-            masks = sampler.masks if sampler.num_drawn else _lookup_masks(sequence, tokens)
-            tokens, qs = tokens[: len(masks)], qs[: len(masks)]
+    draft = propose_rows([(sequence, num_draft)], vocab_size)[0]
+    if isinstance(draft, Exception):
+        raise draft
+    return draft
+
+
+def propose_rows(rows: list[tuple[Sequence, int]], vocab_size: int) -> list[Draft | Exception]:
+    """``propose`` for many rows (sequence, number of drafts), left lazy: rows whose active
+    drafters share a ``batch_key`` propose together (one MTP head forward a depth for all
+    of them), each row's draft bitwise what it drafts alone. Per row its Draft, or the
+    exception that failed it (a shared proposal that fails fails its rows)."""
+    drafts: list[Draft | Exception | None] = [None] * len(rows)
+    samplers: dict[int, DraftSampler] = {}
+    uniforms: dict[int, mx.array] = {}
+    groups: dict[object, list[int]] = {}
+    for index, (sequence, num_draft) in enumerate(rows):
+        try:
+            uniforms[index] = _next_uniforms(sequence, num_draft)
+            drafter = sequence.drafter
+            if drafter is None or num_draft <= 0:
+                drafts[index] = Draft(mx.zeros((0,), mx.int32), [], uniforms[index], num_draft, 0.0)
+                continue
+            samplers[index] = DraftSampler(
+                sequence.config,
+                vocab_size,
+                uniforms[index][:num_draft],
+                sequence.token_counts,
+                drafter.draft_vocab,
+                sequence.grammar,
+            )
+            key = drafter.active().batch_key
+            groups.setdefault(("alone", index) if key is None else key, []).append(index)
+        except Exception as exc:
+            drafts[index] = exc
+    for members in groups.values():
+        started = time.perf_counter()
+        try:
+            proposals = _propose_group(
+                [rows[i][0] for i in members],
+                [rows[i][1] for i in members],
+                [samplers[i] for i in members],
+            )
+        except Exception as exc:
+            for i in members:
+                drafts[i] = exc
+            continue
+        seconds = time.perf_counter() - started
+        for i, (tokens, qs) in zip(members, proposals, strict=True):
+            try:
+                drafts[i] = _draft(
+                    rows[i][0], rows[i][1], tokens, qs, uniforms[i], samplers[i], seconds
+                )
+            except Exception as exc:
+                drafts[i] = exc
+    return [d for d in drafts if d is not None]
+
+
+def _propose_group(
+    sequences: list[Sequence], ks: list[int], samplers: list[DraftSampler]
+) -> list[tuple[list[mx.array], list[mx.array]]]:
+    """The proposals of rows whose active drafters propose together (one row: its own
+    ``propose``)."""
+    histories = [s.tokens for s in sequences]
+    drafters = [s.drafter for s in sequences]
+    assert all(d is not None for d in drafters)
+    if len(sequences) == 1:
+        assert drafters[0] is not None
+        return [drafters[0].propose(histories[0], ks[0], samplers[0])]
+    actives = [d.active() for d in drafters if d is not None]
+    return actives[0].propose_batch(actives, histories, ks, samplers)
+
+
+def _draft(
+    sequence: Sequence,
+    num_draft: int,
+    tokens: list[mx.array],
+    qs: list[mx.array],
+    uniforms: mx.array,
+    sampler: DraftSampler,
+    seconds: float,
+) -> Draft:
+    """A row's Draft from its proposal; with a grammar, cut to the prefix it allows."""
+    masks: list[mx.array] = []
+    if sequence.grammar is not None and tokens:
+        masks = sampler.masks if sampler.num_drawn else _lookup_masks(sequence, tokens)
+        tokens, qs = tokens[: len(masks)], qs[: len(masks)]
     drafted = mx.stack(tokens).astype(mx.int32) if tokens else mx.zeros((0,), mx.int32)
-    draft = Draft(drafted, qs, uniforms, num_draft, time.perf_counter() - started)
+    draft = Draft(drafted, qs, uniforms, num_draft, seconds)
     if sequence.grammar is not None and tokens:
         draft.masks = masks
     return draft
@@ -264,6 +333,69 @@ def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.arra
     )
 
 
+def verify_rows(
+    rows: list[tuple[Sequence, Draft, RowOutput]],
+) -> list[tuple[mx.array, mx.array]]:
+    """``verify`` for many rows: those whose rule is a plain argmax (greedy, no penalties,
+    bias or grammar) once over their flattened positions, one argmax over every such row's
+    k+1 logits and the accept counts of all from the padded [rows, max k + 1] table of its
+    ids; the others row by row. The argmax of a position does not depend on the other
+    positions, so each verdict is bitwise ``verify``'s."""
+    verdicts: list[tuple[mx.array, mx.array] | None] = [None] * len(rows)
+    flat = [
+        i
+        for i, (sequence, _, _) in enumerate(rows)
+        if sequence.grammar is None and _argmax_rule(sequence.config)
+    ]
+    if len(flat) > 1:
+        together = _verify_argmax_rows([rows[i][1] for i in flat], [rows[i][2] for i in flat])
+        for i, verdict in zip(flat, together, strict=True):
+            verdicts[i] = verdict
+    return [
+        verdict if verdict is not None else verify(*row)
+        for row, verdict in zip(rows, verdicts, strict=True)
+    ]
+
+
+def _argmax_rule(config: SamplerConfig) -> bool:
+    """Whether a row's verdict is the argmax of its raw logits (``verify_rows``); a grammar
+    is checked by the caller's row (``Sequence.grammar``)."""
+    return config.is_greedy and not config.has_penalties and not config.logit_bias
+
+
+def _verify_argmax_rows(
+    drafts: list[Draft], outputs: list[RowOutput]
+) -> list[tuple[mx.array, mx.array]]:
+    """``mx_verify_greedy`` over rows of different depths at once: per row (num_accepted
+    [1] int32, output_tokens [1, k+1] int32), the ints ``verify`` gives."""
+    ks = [d.num_drafted for d in drafts]
+    width = max(ks) + 1
+    logits = mx.concatenate([o.asked_logits() for o in outputs])  # [sum (k+1), V]
+    greedy = mx.argmax(logits.astype(mx.float32), axis=-1).astype(mx.int32)  # [sum (k+1)]
+    starts = np.cumsum([0, *(k + 1 for k in ks)])[:-1]
+    draft_starts = np.cumsum([0, *ks])[:-1]
+    positions = np.arange(width)[None]  # [1, width]
+    k_col = np.array(ks)[:, None]  # [B, 1]
+    table = greedy[mx.array(starts[:, None] + np.minimum(positions, k_col))]  # [B, width]
+    drafted = mx.concatenate([d.tokens.astype(mx.int32) for d in drafts])  # [sum k]
+    real = positions < k_col  # [B, width]: a draft token there (the last column never)
+    where = np.where(real, draft_starts[:, None] + positions, 0)
+    padded = (
+        mx.where(mx.array(real), drafted[mx.array(where)], -1)
+        if drafted.size
+        else mx.full((len(ks), width), -1, mx.int32)
+    )  # [B, width], -1 where no draft: never an argmax
+    matches = (padded[:, :-1] == table[:, :-1]).astype(mx.int32)
+    num_accepted = mx.sum(mx.cumprod(matches, axis=-1), axis=-1).astype(mx.int32)  # [B]
+    token = mx.take_along_axis(table, num_accepted[:, None], axis=-1)  # [B, 1]
+    boundary = num_accepted[:, None]
+    cols = mx.arange(width)[None]
+    output_tokens = mx.where(cols < boundary, padded, mx.where(cols == boundary, token, -1)).astype(
+        mx.int32
+    )
+    return [(num_accepted[b : b + 1], output_tokens[b : b + 1, : k + 1]) for b, k in enumerate(ks)]
+
+
 def commit(
     target: BatchedTarget,
     sequence: Sequence,
@@ -337,11 +469,12 @@ def queue_draft(
     output: RowOutput,
     source: str | None,
     started: float,
+    verdict: tuple[mx.array, mx.array] | None = None,
 ) -> QueuedDraft:
-    """Verify lazily and bring the row and the drafter to the verdict without reading it:
-    the row drops the rejected drafts lazily, the drafter gets every verified position's pair
-    with the count that holds."""
-    num_accepted, output_tokens = verify(sequence, draft, output)
+    """Verify lazily (``verdict``: the row's, from ``verify_rows``) and bring the row and the
+    drafter to the verdict without reading it: the row drops the rejected drafts lazily, the
+    drafter gets every verified position's pair with the count that holds."""
+    num_accepted, output_tokens = verdict or verify(sequence, draft, output)
     target.trim_lazily(sequence.row, draft.num_drafted - num_accepted[0])
     drafter = sequence.drafter
     assert drafter is not None, "only drafting rows queue their cycles"

@@ -1,15 +1,18 @@
-"""Paired A/B of the engine against ``mtplx/engine.py`` as it was at a git revision.
+"""Paired A/B of the engine against the engine's modules as they were at a git revision.
 
-Both engines run in this one process on the same loaded model (the rest of the package is
-the working tree's), so outputs can be compared token for token and speed measured in CPU
-time, turn about, which a loaded shared machine does not skew the way wall time is skewed:
+Both engines run in this one process on the same loaded model (``mtplx/engine.py`` and its
+phase modules at ``--rev``; the rest of the package, drafters and ``speculative`` included,
+is the working tree's: to compare those too, run each tree in a process of its own), so
+outputs can be compared token for token and speed measured in CPU time, turn about, which a
+loaded shared machine does not skew the way wall time is skewed:
 
     python scripts/engine_ab.py --rev HEAD~1 [--model DIR] [--tokens 48] [--rounds 3]
 
 Outputs: greedy and seeded fixed-depth generations for every drafter the model offers,
 alone and 16 at once, must be identical (exit 1 otherwise). Speed: CPU seconds per token of
-single-stream greedy generations with the default drafter, best of ``--rounds`` per side;
-the ratio is old / new (above 1: the working tree is faster).
+greedy generations with the default drafter (adaptive depth), 1 and 16 streams at once
+(``--streams``), best of ``--rounds`` per side; the ratio is old / new (above 1: the
+working tree is faster).
 """
 
 from __future__ import annotations
@@ -35,17 +38,31 @@ PROMPTS = [
 ]
 
 
+# The engine's modules (``mtplx.engine`` assembles the phase classes of the others), in an
+# order where each comes after those it imports.
+ENGINE_MODULES = ("engine_state", "prefill", "admission", "schedule", "runner", "postprocess")
+
+
 def old_engine_module(rev: str) -> ModuleType:
-    """``mtplx/engine.py`` at ``rev``, imported as a module of its own beside the new one."""
-    source = subprocess.run(
-        ["git", "show", f"{rev}:mtplx/engine.py"], cwd=ROOT, check=True, capture_output=True
-    ).stdout.decode()
-    spec = importlib.util.spec_from_loader("mtplx_engine_before", loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    exec(compile(source, f"{rev}:mtplx/engine.py", "exec"), module.__dict__)
-    return module
+    """``mtplx/engine.py`` at ``rev`` with the engine's phase modules of that revision (those
+    it has), imported as modules of their own beside the new ones."""
+    renamed = {}
+    for name in (*ENGINE_MODULES, "engine"):
+        path = f"{rev}:mtplx/{name}.py"
+        shown = subprocess.run(["git", "show", path], cwd=ROOT, capture_output=True)
+        if shown.returncode:
+            continue  # not at that revision (before the engine was split)
+        source = shown.stdout.decode()
+        for old_name, alias in renamed.items():
+            source = source.replace(f"from mtplx.{old_name} import", f"from {alias} import")
+        alias = f"mtplx_before_{name}"
+        spec = importlib.util.spec_from_loader(alias, loader=None)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[alias] = module
+        exec(compile(source, path, "exec"), module.__dict__)
+        renamed[name] = alias
+    return sys.modules["mtplx_before_engine"]
 
 
 def run_batch(engine: Any, requests: list[Any]) -> list[list[int]]:
@@ -90,6 +107,9 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--speed-only", action="store_true", help="skip the output comparison")
+    parser.add_argument(
+        "--streams", type=int, nargs="*", default=[1, 16], help="concurrent streams to time"
+    )
     parser.add_argument("--drafters", nargs="*", help="compare these only (default: all)")
     args = parser.parse_args()
 
@@ -118,22 +138,23 @@ def main() -> int:
                 print(f"{drafter:18s} {mode:6s} x{count:<2d} identical={equal}", flush=True)
 
     default = engines["new"].default_drafter
-    best = {"old": float("inf"), "new": float("inf")}
-    for round_ in range(args.rounds):
-        # Turn about, each side first every other round: the one that runs second inherits
-        # the first's allocator and cache state.
-        for side in ("old", "new") if round_ % 2 == 0 else ("new", "old"):
-            engine = engines[side]
-            reqs = requests_for(tokenizer, default, False, 1, args.tokens * 2)
-            started = time.process_time()
-            tokens = run_batch(engine, reqs)
-            spent = time.process_time() - started
-            best[side] = min(best[side], spent / len(tokens[0]))
-    ratio = best["old"] / best["new"]
-    print(
-        f"single stream, {default}: old {best['old'] * 1e3:.2f} ms CPU/token, "
-        f"new {best['new'] * 1e3:.2f} ms CPU/token, speed new/old {ratio:.3f}"
-    )
+    for streams in args.streams:
+        best = {"old": float("inf"), "new": float("inf")}
+        for round_ in range(args.rounds):
+            # Turn about, each side first every other round: the one that runs second
+            # inherits the first's allocator and cache state.
+            for side in ("old", "new") if round_ % 2 == 0 else ("new", "old"):
+                reqs = requests_for(tokenizer, default, False, streams, args.tokens * 2)
+                started = time.process_time()
+                tokens = run_batch(engines[side], reqs)
+                spent = time.process_time() - started
+                best[side] = min(best[side], spent / sum(len(t) for t in tokens))
+        ratio = best["old"] / best["new"]
+        print(
+            f"{streams} stream(s), {default}: old {best['old'] * 1e3:.2f} ms CPU/token, "
+            f"new {best['new'] * 1e3:.2f} ms CPU/token, speed new/old {ratio:.3f}",
+            flush=True,
+        )
     return 0 if same else 1
 
 

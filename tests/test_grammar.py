@@ -168,7 +168,7 @@ def test_a_request_that_fails_in_add_leaves_no_row_behind(
 ) -> None:
     """Every way ``add`` can fail, as many times as there are rows: the batch still admits
     a full set of requests afterwards."""
-    import mtplx.engine as engine_module
+    import mtplx.admission as admission_module
 
     def fail(*args: object, **kwargs: object) -> None:
         raise RuntimeError("injected")
@@ -184,7 +184,7 @@ def test_a_request_that_fails_in_add_leaves_no_row_behind(
         elif failure_point == "drafter":
             patch.setitem(engine._drafters, engine.default_drafter, fail)
         elif failure_point == "emitter":
-            patch.setattr(engine_module, "TextEmitter", fail)
+            patch.setattr(admission_module, "TextEmitter", fail)
         else:
             patch.setattr(engine, "prefix", type("Broken", (), {"reuse": fail})())
         for _ in range(engine.max_num_seqs + 1):

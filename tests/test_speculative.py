@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import types
 
 import mlx.core as mx
 import numpy as np
@@ -13,12 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from mtplx.cycle import Draft
 from mtplx.drafters import DraftModelDrafter, DraftSampler, MTPDrafter, NgramDrafter
-from mtplx.drafters.base import CommitsEagerly, OneSource
+from mtplx.drafters.base import CommitsEagerly, OneSource, ProposesAlone
 from mtplx.engine import Engine
 from mtplx.models import LoadedModel, load, make_layer_skip_draft
+from mtplx.models.rows import RowOutput
 from mtplx.request import GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig, distribution_from_logits
+from mtplx.speculative import verify, verify_rows
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head
 from tests.test_engine import run_concurrently
@@ -37,7 +41,7 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return load(directory)
 
 
-class ScriptedDrafter(CommitsEagerly, OneSource):
+class ScriptedDrafter(CommitsEagerly, OneSource, ProposesAlone):
     """Proposes the plain greedy continuation for the first ``num_right`` positions and a
     wrong token after, so a test controls how many draft tokens are accepted."""
 
@@ -418,3 +422,37 @@ def test_plain_rows_drawn_together_equal_each_row_drawn_alone() -> None:
             alone = queue_plain(sequence, output)  # type: ignore[arg-type]
             assert ahead.sample.tolist() == alone.sample.tolist(), sequence.config
             assert ahead.logits is output.logits and ahead.hidden is output.hidden
+
+
+def test_verify_rows_gives_each_row_its_own_verdict() -> None:
+    """Rows of depths 0..5 (greedy ones verified together over their flattened positions,
+    sampled and biased ones alone), logits with ties and drafts that match for a while:
+    every row's accept count and output tokens equal ``verify`` on the row alone."""
+    rng = np.random.default_rng(7)
+    vocab = 50
+    configs = [
+        GREEDY,
+        SamplerConfig(temperature=0.8, seed=3),
+        SamplerConfig(temperature=0.0, logit_bias={4: 2.0}),
+    ]
+    rows = []
+    for index in range(18):
+        k = index % 6
+        logits = rng.integers(0, 4, size=(k + 1, vocab)).astype(np.float32)  # many ties
+        greedy = logits.argmax(-1)
+        right = rng.integers(0, k + 1)  # drafts match the argmax this far, then may not
+        tokens = [int(greedy[j]) if j < right else int(rng.integers(0, vocab)) for j in range(k)]
+        config = configs[0] if index % 4 else configs[1 + index % 8 // 4]
+        sequence = types.SimpleNamespace(config=config, token_counts=None, grammar=None)
+        qs = [(mx.arange(vocab) == t).astype(mx.float32) for t in tokens]
+        uniforms = mx.array(rng.random(2 * k + 1, dtype=np.float32))
+        draft = Draft(mx.array(tokens, mx.int32), qs, uniforms, k, 0.0)
+        hidden = mx.zeros((k + 1, 4))
+        rows.append((sequence, draft, RowOutput(mx.array(logits), hidden)))
+    got = verify_rows(rows)
+    for index, (row, (accepted, output)) in enumerate(zip(rows, got, strict=True)):
+        want_accepted, want_output = verify(*row)
+        assert accepted.shape == want_accepted.shape and output.shape == want_output.shape
+        assert accepted.tolist() == want_accepted.tolist(), index
+        assert output.tolist() == want_output.tolist(), index
+    assert sum(int(a.item()) for a, _ in got) > 0  # some drafts were accepted

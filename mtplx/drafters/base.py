@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import mlx.core as mx
 import numpy as np
@@ -166,6 +166,28 @@ class Drafter(Protocol):
         ...
 
     @property
+    def batch_key(self) -> object:
+        """Drafters with the same key (not None) propose together in one
+        ``propose_batch`` (the MTP head: one head forward for all its rows); None: it
+        proposes alone. A mix answers for the source it drafts from now (``active``)."""
+        ...
+
+    def active(self) -> Drafter:
+        """The drafter that proposes the next cycle: itself, or a mix's current source."""
+        ...
+
+    def propose_batch(
+        self,
+        drafters: list[Drafter],
+        histories: list[list[int]],
+        ks: list[int],
+        samplers: list[DraftSampler],
+    ) -> list[tuple[list[mx.array], list[mx.array]]]:
+        """``propose`` of every drafter in ``drafters`` (active ones sharing this one's
+        ``batch_key``), each row's result bitwise what it proposes alone."""
+        ...
+
+    @property
     def commits_lazily(self) -> bool:
         """Whether the drafter takes a cycle's commit before its verdict is read
         (``commit_lazy``, then ``settle``), so its drafting cycles can run one step ahead."""
@@ -212,3 +234,24 @@ class CommitsEagerly:
 
     def settle(self, num_rejected: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} commits only read verdicts")
+
+
+class ProposesAlone:
+    """The batch capability of a drafter that proposes row by row: no shared key, and a
+    batch is each row's own ``propose``."""
+
+    batch_key: object = None
+
+    def active(self) -> Drafter:
+        return cast("Drafter", self)
+
+    def propose_batch(
+        self,
+        drafters: list[Drafter],
+        histories: list[list[int]],
+        ks: list[int],
+        samplers: list[DraftSampler],
+    ) -> list[tuple[list[mx.array], list[mx.array]]]:
+        return [
+            d.propose(h, k, s) for d, h, k, s in zip(drafters, histories, ks, samplers, strict=True)
+        ]

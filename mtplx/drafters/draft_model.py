@@ -10,11 +10,11 @@ import mlx.core as mx
 
 from mtplx import cache as cache_ops
 from mtplx.arrays import scalar_int
-from mtplx.drafters.base import CommitsEagerly, DraftSampler, OneSource
+from mtplx.drafters.base import CommitsEagerly, DraftSampler, OneSource, ProposesAlone
 from mtplx.models.base import TargetModel
 
 
-class DraftModelDrafter(CommitsEagerly, OneSource):
+class DraftModelDrafter(CommitsEagerly, OneSource, ProposesAlone):
     """Drafts autoregressively with ``draft``, a TargetModel sharing the target's vocabulary."""
 
     name = "draft_model"

@@ -66,9 +66,28 @@ class LookupFirstDrafter:
         """The last lazy commit's verdict, to the model drafter."""
         self.model_drafter.settle(num_rejected)
 
+    def active(self) -> Drafter:
+        """The drafter of the current source."""
+        return self.lookup if self.source == LOOKUP else self.model_drafter.active()
+
+    @property
+    def batch_key(self) -> object:
+        """The current source's (proposing goes to ``active``)."""
+        return self.active().batch_key
+
     def propose(
         self, history: list[int], k: int, sample: DraftSampler
     ) -> tuple[list[mx.array], list[mx.array]]:
         """Up to k draft tokens from the current source."""
-        drafter = self.lookup if self.source == LOOKUP else self.model_drafter
-        return drafter.propose(history, k, sample)
+        return self.active().propose(history, k, sample)
+
+    def propose_batch(
+        self,
+        drafters: list[Drafter],
+        histories: list[list[int]],
+        ks: list[int],
+        samplers: list[DraftSampler],
+    ) -> list[tuple[list[mx.array], list[mx.array]]]:
+        """The current source's ``propose_batch`` over the rows' active drafters."""
+        actives = [d.active() for d in drafters]
+        return self.active().propose_batch(actives, histories, ks, samplers)

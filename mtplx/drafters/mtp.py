@@ -5,16 +5,20 @@ i, token x[i+1]). Committed pairs queue up and are fed in one forward when the n
 needs them (so cycles that draft nothing cost nothing here); that forward also yields the
 logits of the first draft token. Deeper draft tokens recurse on the head's own output hidden
 state and append speculative entries, which are rolled back before the next feed.
+
+The drafters of one head propose together (``propose_batch``): each depth is one
+``MTPHead.forward_rows`` over every row still drafting, the products shared, each row's
+cache its own, so a row drafts bitwise what it drafts alone.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
 from mtplx import cache as cache_ops
-from mtplx.drafters.base import DraftSampler, OneSource
+from mtplx.drafters.base import Drafter, DraftSampler, OneSource
 from mtplx.models.base import LoadedModel, MTPHead
 
 
@@ -37,6 +41,7 @@ class MTPDrafter(OneSource):
         self.pending_valid: mx.array | None = None
         self.num_fed_unsettled = 0  # lazy commits fed to the head, their verdicts unread
         self.checkpoint: Any = None
+        self._last_size = 0  # pairs in the last batch taken by ``_feed``
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Fresh head cache for a new sequence."""
@@ -82,26 +87,98 @@ class MTPDrafter(OneSource):
             offset, bound = self.checkpoint
             self.checkpoint = (offset, bound - num_rejected)
 
+    @property
+    def batch_key(self) -> object:
+        """Drafters of one head propose together (``propose_batch``)."""
+        return self.head
+
+    def active(self) -> MTPDrafter:
+        """It drafts every cycle itself."""
+        return self
+
     def propose(
         self, history: list[int], k: int, sample: DraftSampler
     ) -> tuple[list[mx.array], list[mx.array]]:
         """k draft tokens: the first from the committed pairs, the rest by recursion."""
-        if k <= 0 or not self.pending_tokens:
-            return [], []
-        if self.checkpoint is not None:  # drop the previous cycle's speculative entries
+        return self.propose_batch([self], [history], [k], [sample])[0]
+
+    def propose_batch(
+        self,
+        drafters: list[Drafter],
+        histories: list[list[int]],
+        ks: list[int],
+        samplers: list[DraftSampler],
+    ) -> list[tuple[list[mx.array], list[mx.array]]]:
+        """``propose`` for many drafters of this head at once: each depth's head step of
+        every row still drafting in one ``forward_rows`` (the first feeds each row's
+        committed pairs, the rest recurse on the row's own output). A row's draft is
+        bitwise what it proposes alone: rows share the products, never their caches."""
+        rows = [cast(MTPDrafter, d) for d in drafters]
+        drafts: list[tuple[list[mx.array], list[mx.array]]] = [([], []) for _ in rows]
+        live = [
+            i for i, (d, k) in enumerate(zip(rows, ks, strict=True)) if k > 0 and d.pending_tokens
+        ]
+        if not live:
+            return drafts
+        fed = [rows[i]._feed() for i in live]
+        outputs = self.head.forward_rows(
+            [hidden for hidden, _, _ in fed],
+            [tokens for _, tokens, _ in fed],
+            [rows[i].cache for i in live],
+        )
+        state = {
+            i: rows[i]._first(out_logits, out_hidden, tokens, valid)
+            for i, (_, tokens, valid), (out_logits, out_hidden) in zip(
+                live, fed, outputs, strict=True
+            )
+        }  # row -> (logits [V'], hidden [1, 1, H]) at its next draft position
+        for position in range(max(ks[i] for i in live)):
+            deeper = []
+            for i in [i for i in live if position < ks[i]]:
+                token, q = samplers[i](state[i][0])
+                drafts[i][0].append(token)
+                drafts[i][1].append(q)
+                if position + 1 < ks[i]:
+                    deeper.append((i, token))
+            if not deeper:
+                break
+            outputs = self.head.forward_rows(
+                [state[i][1] for i, _ in deeper],
+                [token.reshape(1, 1) for _, token in deeper],
+                [rows[i].cache for i, _ in deeper],
+            )
+            for (i, _), (out_logits, out_hidden) in zip(deeper, outputs, strict=True):
+                state[i] = (out_logits[0, -1], out_hidden)
+        return drafts
+
+    def _feed(self) -> tuple[mx.array, mx.array, mx.array | None]:
+        """Drop the previous cycle's speculative entries and take the queued pairs:
+        (hidden [1, n, H], tokens [1, n] int32, the last batch's valid count or None)."""
+        if self.checkpoint is not None:
             if self.commits_lazily:
                 self.cache[0].rollback(self.checkpoint)
             else:
                 cache_ops.rollback(self.cache, self.checkpoint)
         hidden_in = mx.concatenate(self.pending_hidden, axis=1)
         tokens_in = mx.concatenate(self.pending_tokens)[None]
-        valid, last_size = self.pending_valid, int(self.pending_tokens[-1].shape[0])
+        valid = self.pending_valid
+        self._last_size = int(self.pending_tokens[-1].shape[0])
         self.pending_hidden, self.pending_tokens, self.pending_valid = [], [], None
-        out_logits, out_hidden = self.head(hidden_in, tokens_in, self.cache)
+        return hidden_in, tokens_in, valid
+
+    def _first(
+        self,
+        out_logits: mx.array,
+        out_hidden: mx.array,
+        tokens_in: mx.array,
+        valid: mx.array | None,
+    ) -> tuple[mx.array, mx.array]:
+        """After the fed pairs' head step: the logits [V'] and hidden [1, 1, H] at the last
+        pair that holds; checkpoint the cache before the speculative entries."""
         if valid is None:
             logits, hidden = out_logits[0, -1], out_hidden[:, -1:]
         else:  # the pairs past the valid ones leave the cache; read the last valid one's
-            unused = last_size - valid
+            unused = self._last_size - valid
             self.cache[0].trim_lazily(unused)
             self.num_fed_unsettled += 1
             last = (tokens_in.shape[1] - 1 - unused).reshape(1)
@@ -111,12 +188,4 @@ class MTPDrafter(OneSource):
             self.checkpoint = self.cache[0].checkpoint()
         else:
             self.checkpoint = cache_ops.checkpoint(self.cache)
-        tokens, qs = [], []
-        for position in range(k):
-            token, q = sample(logits)
-            tokens.append(token)
-            qs.append(q)
-            if position + 1 < k:
-                out_logits, hidden = self.head(hidden, token.reshape(1, 1), self.cache)
-                logits = out_logits[0, -1]
-        return tokens, qs
+        return logits, hidden

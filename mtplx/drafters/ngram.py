@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mtplx.drafters.base import CommitsEagerly, DraftSampler, OneSource
+from mtplx.drafters.base import CommitsEagerly, DraftSampler, OneSource, ProposesAlone
 
 # A match of this many tokens marks a copy of earlier text (a repeat, an edit, a quote): on
 # the bench's greedy outputs its next 5 proposals were accepted 4.3-4.9 times, against
@@ -59,7 +59,7 @@ def one_hot_proposals(tokens: list[int], vocab_size: int) -> tuple[list[mx.array
     return drafted, [(vocab == token).astype(mx.float32) for token in drafted]
 
 
-class NgramDrafter(CommitsEagerly, OneSource):
+class NgramDrafter(CommitsEagerly, OneSource, ProposesAlone):
     """The n-gram prompt-lookup drafter; it keeps no model state."""
 
     name = "ngram"

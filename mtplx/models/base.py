@@ -66,6 +66,15 @@ class MTPHead(Protocol):
         ``LoadedModel.draft_vocab`` (draft id j -> target token id draft_vocab[j])."""
         ...
 
+    def forward_rows(
+        self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+    ) -> list[tuple[mx.array, mx.array]]:
+        """Many sequences' head steps at once: row i feeds hidden[i] [1, T_i, H] and
+        next_tokens[i] [1, T_i] over its own cache caches[i] -> per row (logits
+        [1, T_i, V'], hidden [1, T_i, H]), bitwise what ``self(hidden[i], next_tokens[i],
+        caches[i])`` returns (a head that cannot pack rows runs them one by one)."""
+        ...
+
 
 @dataclass
 class LoadedModel:
@@ -85,3 +94,13 @@ class LoadedModel:
     # The products' weight formats (mtplx.models.quantized.describe_weights), e.g.
     # "affine q4/g32 (210), affine q8/g32 (1)" or "float32".
     weights: str = "float32"
+
+
+def forward_each(
+    head: MTPHead,
+    hidden: list[mx.array],
+    next_tokens: list[mx.array],
+    caches: list[list[Any]],
+) -> list[tuple[mx.array, mx.array]]:
+    """``MTPHead.forward_rows`` for a head that cannot pack rows: one call per row."""
+    return [head(h, t, c) for h, t, c in zip(hidden, next_tokens, caches, strict=True)]

@@ -448,6 +448,8 @@ class SlotTarget:
         return num_positions * per_position * activation_dtype(self.trunk.inner).size
 
     saves_blocks = True
+    resumes_anywhere = True  # the slot store: bitwise the same states however fed
+    calibration_key: str | None = None
 
     def save_block(
         self, row: SlotRow, start: int, end: int, hidden: mx.array | None = None

@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from mtplx.models.base import forward_each
 from mtplx.models.checkpoint import MTPTensors, text_config
 from mtplx.models.target import Trunk
 from mtplx.models.weights import MTPWeightError, load_checked
@@ -77,6 +78,12 @@ class DeepseekV4MTPHead:
     def make_lazy_cache(self) -> None:
         """None: the block reads its cache in ways a lazy cache does not model."""
         return None
+
+    def forward_rows(
+        self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+    ) -> list[tuple[mx.array, mx.array]]:
+        """One call per row (the block's attention is not split by row here)."""
+        return forward_each(self, hidden, next_tokens, caches)
 
     def __call__(
         self, hidden: mx.array, next_tokens: mx.array, cache: list[Any]

@@ -17,15 +17,19 @@ Recursion feeds ``h'`` (post-``norm``) back as the next step's hidden state.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models import llama
+from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
+from mtplx.blas_shim import INVARIANT_MAX_ROWS
 from mtplx.lazy_cache import LazyKVCache
+from mtplx.models.base import forward_each
 from mtplx.models.checkpoint import MTPTensors, text_config
 from mtplx.models.families import NATIVE_NEXTN, strip_nextn_prefix
 from mtplx.models.target import Trunk
@@ -86,6 +90,101 @@ class NextNHead:
         out = m.norm(x)
         logits = m.lm_head(out) if "lm_head" in m else self.trunk.lm_head(out)
         return logits, out
+
+    def forward_rows(
+        self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+    ) -> list[tuple[mx.array, mx.array]]:
+        """Many rows' head steps in one forward: every product (fc, projections, MLP, LM
+        head) over the rows' tokens packed into one [1, N] sequence, so each weight is read
+        once for all rows; RoPE, the cache and attention per row, as ``__call__`` runs them.
+        The batch-invariant products sum each output element in the same order whatever
+        the row count, so a row's outputs are bitwise those of ``__call__`` alone. Heads
+        over other layers than mlx-lm's llama block run row by row."""
+        if not _packs(self.module.layers[self.index]):
+            return forward_each(self, hidden, next_tokens, caches)
+        outputs: list[tuple[mx.array, mx.array]] = []
+        for pack in _packed(hidden, next_tokens, caches):
+            if len(pack[0]) == 1:
+                outputs.append(self(pack[0][0], pack[1][0], pack[2][0]))
+            else:
+                outputs.extend(self._forward_packed(*pack))
+        return outputs
+
+    def _forward_packed(
+        self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+    ) -> list[tuple[mx.array, mx.array]]:
+        """``forward_rows`` of rows whose tokens together fit the products' row limit."""
+        m = self.module
+        layer = m.layers[self.index]
+        sizes = [int(t.shape[1]) for t in next_tokens]
+        tokens = mx.concatenate(next_tokens, axis=1)  # [1, N]
+        embedded = m.pre_fc_norm_embedding(self.trunk.embed(tokens))
+        normed = m.pre_fc_norm_hidden(mx.concatenate(hidden, axis=1))
+        x = m.fc(mx.concatenate([embedded, normed], axis=-1))  # [1, N, H]
+        attended = _attention_rows(layer.self_attn, layer.input_layernorm(x), sizes, caches)
+        h = x + attended
+        x = h + layer.mlp(layer.post_attention_layernorm(h))
+        out = m.norm(x)
+        logits = m.lm_head(out) if "lm_head" in m else self.trunk.lm_head(out)
+        bounds = list(itertools.accumulate(sizes, initial=0))
+        return [(logits[:, a:b], out[:, a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+def _packed(
+    hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+) -> list[tuple[list[mx.array], list[mx.array], list[list[Any]]]]:
+    """The rows in order, in packs of at most INVARIANT_MAX_ROWS tokens: the products are
+    batch-invariant up to that many rows. A row longer than that (a long prompt's pairs)
+    goes alone, as it would without the others."""
+    packs: list[tuple[list[mx.array], list[mx.array], list[list[Any]]]] = []
+    used = INVARIANT_MAX_ROWS  # tokens in the last pack: none open yet
+    for row_hidden, row_tokens, row_cache in zip(hidden, next_tokens, caches, strict=True):
+        size = int(row_tokens.shape[1])
+        if used + size > INVARIANT_MAX_ROWS:
+            packs.append(([], [], []))
+            used = 0
+        packs[-1][0].append(row_hidden)
+        packs[-1][1].append(row_tokens)
+        packs[-1][2].append(row_cache)
+        used += size
+    return packs
+
+
+def _packs(layer: nn.Module) -> bool:
+    """Whether ``forward_rows`` can split ``layer`` at its attention: mlx-lm's llama block
+    exactly (a subclass may compute otherwise)."""
+    return (
+        type(layer) is llama.TransformerBlock
+        and type(layer.self_attn) is llama.Attention
+        and type(layer.mlp) is llama.MLP
+    )
+
+
+def _attention_rows(
+    attn: llama.Attention, x: mx.array, sizes: list[int], caches: list[list[Any]]
+) -> mx.array:
+    """mlx-lm's llama attention over packed rows: the q / k / v and output products over
+    all of x [1, N, D]; RoPE at each row's offset, its cache and its attention alone, the
+    same ops in the same shapes as ``llama.Attention.__call__`` on that row."""
+    queries, keys, values = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    outputs = []
+    start = 0
+    for size, cache in zip(sizes, caches, strict=True):
+        end = start + size
+        q = queries[:, start:end].reshape(1, size, attn.n_heads, -1).transpose(0, 2, 1, 3)
+        k = keys[:, start:end].reshape(1, size, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = values[:, start:end].reshape(1, size, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        layer_cache = cache[0]
+        mask = create_attention_mask(x[:, start:end], layer_cache)
+        q = attn.rope(q, offset=layer_cache.offset)
+        k = attn.rope(k, offset=layer_cache.offset)
+        k, v = layer_cache.update_and_fetch(k, v)
+        out = scaled_dot_product_attention(
+            q, k, v, cache=layer_cache, scale=attn.scale, mask=mask
+        )  # [1, heads, T_i, d]
+        outputs.append(out.transpose(0, 2, 1, 3).reshape(1, size, -1))
+        start = end
+    return attn.o_proj(mx.concatenate(outputs, axis=1))
 
 
 def build_nextn_heads(

@@ -69,6 +69,10 @@ class PerRowTarget:
     max_prefill_tokens = 0
     # Rows are rolled back after their verdicts are read: cycles are not run one step ahead.
     trims_lazily = False
+    # A layer's states depend on how the tokens were split into forwards: blocks resume only
+    # where the prompt's fixed chunks end.
+    resumes_anywhere = False
+    calibration_key = None
 
     def __init__(self, target: TargetModel) -> None:
         self.target = target
@@ -133,6 +137,10 @@ class PerRowTarget:
 
     def settle(self, row: CacheRow) -> int:
         raise NotImplementedError("per-row targets trim only by read counts (trims_lazily)")
+
+    def block_nbytes(self, num_positions: int) -> None:
+        """Not known before a block is saved (recurrent layers hold state of their own)."""
+        return None
 
     def save_block(
         self, row: CacheRow, start: int, end: int, hidden: mx.array | None = None

@@ -111,6 +111,21 @@ class BatchedTarget(Protocol):
         """Append saved blocks to the row; returns their hidden states [sum B, H]."""
         ...
 
+    # Whether a row's states are bitwise the same however its tokens were split into
+    # forwards (prompt chunks of any size, decode steps, verifies): then a block of a reply
+    # resumes as exactly as one of a prompt, and a row may resume after any block (False:
+    # only where its prompt chunks end, which the prompt alone fixes).
+    resumes_anywhere: bool
+
+    def block_nbytes(self, num_positions: int) -> int | None:
+        """Bytes of a ``save_block`` state of ``num_positions`` positions, where known before
+        one is saved (None: the prefix cache learns it from the first block)."""
+        ...
+
+    # What sets this target's step costs apart from a single process's (a pipeline's ranks
+    # and links), for the calibration cache's key; None: nothing.
+    calibration_key: str | None
+
 
 def logits_per_row(logits: Sequence[str] | str, rows: Sequence[object]) -> list[str]:
     """The ``logits`` argument of ``forward`` as one choice per row."""

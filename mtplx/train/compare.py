@@ -57,10 +57,11 @@ class RecordingMTPDrafter(MTPDrafter):
         self.fed_tokens.extend(new_tokens)
         self.fed_hidden.append(target_hidden)  # type: ignore[arg-type]
 
-    def propose(self, history, k, sample):  # type: ignore[no-untyped-def]
-        tokens, qs = super().propose(history, k, sample)
-        self.cycles.append((len(history), tokens))
-        return tokens, qs
+    def propose_batch(self, drafters, histories, ks, samplers):  # type: ignore[no-untyped-def]
+        proposals = super().propose_batch(drafters, histories, ks, samplers)
+        for drafter, history, (tokens, _) in zip(drafters, histories, proposals, strict=True):
+            drafter.cycles.append((len(history), tokens))
+        return proposals
 
 
 def recording_engine(model: LoadedModel, **kwargs: Any) -> Any:

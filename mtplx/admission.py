@@ -1,0 +1,142 @@
+"""Requests in and out of the running batch: checks, the row and everything a sequence
+owns (``add``), room for another (slots, KV memory), and leaving (``abort``)."""
+
+from __future__ import annotations
+
+import secrets
+
+import mlx.core as mx
+
+from mtplx.engine_state import EngineState
+from mtplx.errors import InvalidParameter
+from mtplx.output import TextEmitter
+from mtplx.planner import make_policies
+from mtplx.request import GenerationRequest, GenerationStats
+from mtplx.sequence import Sequence
+
+__all__ = ["Admission"]
+
+
+class Admission(EngineState):
+    """Admitting requests into the batch and dropping them from it."""
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise InvalidParameter naming the field before any work if ``request`` cannot run."""
+        drafter = request.drafter or self.default_drafter
+        if drafter not in self._drafters:
+            raise InvalidParameter(
+                "drafter",
+                f"drafter {drafter!r} is not available for {self.model_name}; "
+                f"available: {', '.join(self.available_drafters)}",
+            )
+        num_prompt = len(request.prompt_ids)
+        if num_prompt >= self.context_length:
+            raise InvalidParameter(
+                "prompt_ids",
+                f"prompt is {num_prompt} tokens, over the context length {self.context_length}",
+                code="context_length_exceeded",
+            )
+        bad = [t for t in request.prompt_ids if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise InvalidParameter(
+                "prompt_ids", f"prompt token ids {bad[:5]} are outside the vocabulary"
+            )
+        bad = [t for t in request.sampler.logit_bias if t >= self.vocab_size]
+        if bad:
+            raise InvalidParameter(
+                "logit_bias", f"logit_bias token ids {bad[:5]} are outside the vocabulary"
+            )
+        bad = [t for t in request.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidParameter(
+                "stop_token_ids", f"stop_token_ids {bad[:5]} are outside the vocabulary"
+            )
+
+    @property
+    def has_room(self) -> bool:
+        """Whether another sequence can join the batch now: a free slot, and the KV the
+        running rows hold under ``max_kv_bytes``."""
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        return (
+            not self.running
+            or self.max_kv_bytes is None
+            or self.batched.kv_nbytes < self.max_kv_bytes
+        )
+
+    def prepare(self, request: GenerationRequest) -> None:
+        """The work of admitting ``request`` that need not hold up the batch: its grammar
+        checked and compiled (cached for ``add``). Blocks; the server runs it on the grammar
+        thread (``mtplx.grammar.grammar_thread``) before ``add``."""
+        if request.grammar is not None:
+            self.grammars.prepare(request.grammar, budget=request.close_within_budget)
+
+    def add(self, request: GenerationRequest, tag: object = None) -> Sequence:
+        """Put ``request`` into the running batch; its prompt is prefilled by the next
+        steps. ``tag``: the caller's handle, kept on the sequence. Whatever fails leaves no
+        row behind: the row is taken last, after everything that checks the request."""
+        self.validate(request)
+        if not self.has_room:
+            raise RuntimeError(f"the batch is full ({self.max_num_seqs} sequences)")
+        config = request.sampler
+        stop_ids = set(request.stop_token_ids)
+        if not request.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        budget = request.max_tokens if request.close_within_budget else None
+        grammar = (
+            None
+            if request.grammar is None
+            else self.grammars.state(request.grammar, stop_ids, budget)
+        )
+        drafter = self._drafters[request.drafter or self.default_drafter]()
+        depth = request.depth if request.depth is not None else self.default_depth
+        policies = {}
+        if depth is None and drafter is not None:
+            policies = make_policies(drafter, self.costs, self.max_adaptive_depth)
+        prompt = [int(t) for t in request.prompt_ids]
+        if drafter is not None:
+            drafter.reset(prompt)
+        primer = None if request.starts_reply else self._primer
+        emitter = TextEmitter(self.tokenizer.detokenizer, request.stop, primer)
+        token_counts = mx.zeros((self.vocab_size,), mx.int32) if config.has_penalties else None
+        sequence = Sequence(
+            request=request,
+            tokens=list(prompt),
+            num_prompt_tokens=len(prompt),
+            row=self.batched.new_row(),
+            seed=config.seed if config.seed is not None else secrets.randbits(63),
+            drafter=drafter,
+            policies=policies,
+            depth=depth,
+            emitter=emitter,
+            stop_ids=stop_ids,
+            stats=GenerationStats(prompt_tokens=len(prompt)),
+            token_counts=token_counts,
+            grammar=grammar,
+            tag=tag,
+        )
+        self.running.append(sequence)
+        self.num_rows_taken += 1
+        if self.prefix is not None:
+            try:
+                self.prefix.reuse(sequence)
+            except BaseException:
+                self.abort(sequence)  # the caller fails the request: leave no row behind
+                raise
+        return sequence
+
+    @property
+    def num_orphan_rows(self) -> int:
+        """Rows taken from the target that no running sequence holds (0 unless a path
+        forgot to release one: such rows would keep every later request out)."""
+        return self.num_rows_taken - len(self.running)
+
+    def abort(self, sequence: Sequence) -> None:
+        """Drop ``sequence`` from the batch (cancelled, failed or finished)."""
+        sequence.finished = True
+        sequence.ahead = None
+        sequence.queued = None
+        if sequence in self.running:
+            self.running.remove(sequence)
+            self.batched.release(sequence.row)
+            self.num_rows_taken -= 1

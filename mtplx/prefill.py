@@ -1,0 +1,143 @@
+"""Prompts into the target: the accounting of a prompt chunk that rode along in a step's
+forward, the per-row path for targets that take one row a forward (``_prefill``), prompt
+scoring, and the first token sampled after the prompt."""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+
+from mtplx.arrays import scalar_int
+from mtplx.cycle import CycleResult
+from mtplx.engine_state import EngineState, StepEvent
+from mtplx.events import prompt_logprobs
+from mtplx.models.batched import RowOutput
+from mtplx.sampling import mx_distribution_from_logits, mx_sample
+from mtplx.sequence import Sequence
+from mtplx.speculative import cycle_uniforms
+
+__all__ = ["Prefill", "chunk_logits"]
+
+
+class Prefill(EngineState):
+    """Feeding prompts and starting the reply."""
+
+    def _prefilled_chunk(
+        self, sequence: Sequence, size: int, output: RowOutput, seconds: float
+    ) -> None:
+        """A prompt chunk went through the step's forward: keep the hidden states the
+        drafter reads; after the last chunk, sample the first token."""
+        drafter = sequence.drafter
+        if drafter is not None and drafter.needs_hidden:
+            sequence.prefill_hidden.append(output.hidden)
+        output = self._scored(sequence, output)
+        sequence.num_prefilled += size
+        sequence.stats.prefill_time += seconds
+        if self.prefix is not None:
+            self.prefix.remember(sequence, sequence.num_prefilled)
+            if sequence.prefilled:  # counted now: blocks fed beside it may be copied late
+                self.prefix.cache.record_lookup(sequence.stats.cached_tokens)
+        if sequence.prefilled:
+            self._first_token(sequence, output)
+
+    def _prefill(self, events: list[StepEvent]) -> None:
+        """Feed admitted prompts in chunks of ``prefill_chunk_size`` (fixed by the prompt
+        alone, so a prompt's cache is bitwise the same in any batch), a chunk per waiting
+        prompt in turn, oldest first (a short prompt behind a long one starts at once),
+        until this step's ``prefill_budget`` tokens are spent (at least one chunk a step)."""
+        budget = self.prefill_budget
+        while budget > 0:
+            waiting = [s for s in self.running if not s.prefilled and not s.finished]
+            if self.prefix is not None:
+                for sequence in waiting:
+                    self.prefix.reuse(sequence)  # blocks other prompts have fed since
+                waiting = [
+                    s for i, s in enumerate(waiting) if not self.prefix.fed_by(s, waiting[:i])
+                ]
+            if not waiting:
+                return
+            for sequence in waiting:
+                start = sequence.num_prefilled
+                chunk = sequence.tokens[start : start + self.prefill_chunk_size]
+                if len(chunk) > budget and budget < self.prefill_budget:
+                    return
+                budget -= len(chunk)
+                try:
+                    self._prefill_chunk(sequence, chunk)
+                except Exception as exc:
+                    self._fail(sequence, exc, events)
+
+    def _prefill_chunk(self, sequence: Sequence, chunk: list[int]) -> None:
+        """One prompt chunk through the target; after the last, sample the first token."""
+        started = time.perf_counter()
+        last = sequence.num_prefilled + len(chunk) >= sequence.num_prompt_tokens
+        tokens = mx.array(chunk, mx.int32)
+        wanted = chunk_logits(sequence, len(chunk))
+        output = self.batched.forward([sequence.row], [tokens], wanted)[0]
+        drafter = sequence.drafter
+        if drafter is not None and drafter.needs_hidden:
+            sequence.prefill_hidden.append(output.hidden)
+        mx.eval(output.hidden if output.logits is None else output.logits, sequence.prefill_hidden)
+        output = self._scored(sequence, output)
+        start = sequence.num_prefilled
+        sequence.num_prefilled += len(chunk)
+        if self.prefix is not None:
+            self.prefix.remember(sequence, sequence.num_prefilled, (start, output.hidden))
+            if last:
+                self.prefix.cache.record_lookup(sequence.stats.cached_tokens)
+        if last:
+            self._first_token(sequence, output)
+        sequence.stats.prefill_time += time.perf_counter() - started
+
+    def _scored(self, sequence: Sequence, output: RowOutput) -> RowOutput:
+        """Score a prompt chunk that fed with every position's logits (``prompt_logprobs``);
+        the chunk's output with its last position's logits only, as an unscored one has."""
+        num_top = sequence.request.prompt_logprobs
+        if num_top is None or output.logits is None:
+            return output
+        sequence.prompt_logprobs += prompt_logprobs(
+            output.logits,
+            sequence.tokens[: sequence.num_prompt_tokens],
+            sequence.num_prefilled,
+            num_top,
+        )
+        return RowOutput(output.logits[-1:], output.hidden)
+
+    def _first_token(self, sequence: Sequence, output: RowOutput) -> None:
+        """Sample the token after the prompt and bring the drafter up to date (nothing to
+        sample when the request only scores its prompt: ``max_tokens`` 0)."""
+        if sequence.request.max_tokens == 0:
+            sequence.pending = CycleResult([], 0, 0, output.asked_logits(), 0.0, 0.0)
+            return
+        counts = None if sequence.token_counts is None else sequence.token_counts[None]
+        grammar, mask = sequence.grammar, None
+        if grammar is not None:
+            allowed = grammar.allowed()
+            mask = None if allowed is None else mx.array(allowed)[None]
+        logits = output.asked_logits()
+        probs = mx_distribution_from_logits(logits, sequence.config, counts, mask)
+        uniform = cycle_uniforms(sequence.seed, sequence.num_prompt_tokens, 0)
+        token = scalar_int(mx_sample(probs, uniform))
+        committed = [token]
+        if grammar is not None:
+            if grammar.finished:  # a grammar that allows only the empty text
+                committed = []
+            else:
+                grammar.consume(token)
+        drafter = sequence.drafter
+        if drafter is not None:
+            hidden = None
+            if drafter.needs_hidden:
+                hidden = mx.concatenate(sequence.prefill_hidden, axis=0)[None]
+            drafter.commit([*sequence.tokens[1:], token], hidden)
+        sequence.prefill_hidden = []
+        sequence.pending = CycleResult(committed, 0, 0, logits, 0.0, 0.0)
+
+
+def chunk_logits(sequence: Sequence, size: int) -> str:
+    """The logits a prompt chunk's forward asks for: every position's when the request
+    scores its prompt, else the last position's after the prompt's last chunk only."""
+    if sequence.request.prompt_logprobs is not None:
+        return "all"
+    return "last" if sequence.num_prefilled + size >= sequence.num_prompt_tokens else "none"

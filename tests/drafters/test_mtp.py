@@ -1,0 +1,116 @@
+"""The MTP drafter over many rows at once: one head forward a depth for every drafting row,
+and each row's drafts (tokens and q) bitwise what it drafts alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mtplx.drafters.base import DraftSampler
+from mtplx.drafters.mtp import MTPDrafter
+from mtplx.models import LoadedModel, load
+from mtplx.sampling import SamplerConfig
+
+NUM_ROWS = 16
+
+
+@pytest.fixture(scope="module")
+def model(llama_mtp_checkpoint: Path) -> LoadedModel:
+    return load(llama_mtp_checkpoint)
+
+
+def _hidden(model: LoadedModel, row: int, count: int, salt: int) -> mx.array:
+    """[1, count, H] made-up target hidden states, different for every row and feed."""
+    size = model.target.trunk.hidden_size
+    return mx.random.normal((1, count, size), key=mx.random.key(1000 * row + salt))
+
+
+def _tokens(row: int, count: int, salt: int) -> list[int]:
+    return [(7 * row + 3 * i + salt) % 50 + 3 for i in range(count)]
+
+
+def test_forward_rows_gives_each_row_its_alone_outputs(model: LoadedModel) -> None:
+    """16 rows of different lengths over caches of different lengths, packed: each row's
+    logits and hidden states equal a call of the head on that row alone, bit for bit."""
+    head = model.mtp_heads[0]
+    alone = [head.make_cache() for _ in range(NUM_ROWS)]
+    packed = [head.make_cache() for _ in range(NUM_ROWS)]
+    for feed in range(3):
+        sizes = [1 + (row + feed) % 6 for row in range(NUM_ROWS)]
+        if feed == 0:  # a prompt's worth of pairs for some rows first
+            sizes = [8 + 5 * row for row in range(NUM_ROWS)]
+        hidden = [_hidden(model, row, size, feed) for row, size in enumerate(sizes)]
+        tokens = [mx.array([_tokens(row, size, feed)], mx.int32) for row, size in enumerate(sizes)]
+        expected = [head(h, t, c) for h, t, c in zip(hidden, tokens, alone, strict=True)]
+        got = head.forward_rows(hidden, tokens, packed)
+        for row, ((want_logits, want_hidden), (logits, out)) in enumerate(
+            zip(expected, got, strict=True)
+        ):
+            assert logits.shape == want_logits.shape
+            np.testing.assert_array_equal(np.array(logits), np.array(want_logits), str(row))
+            np.testing.assert_array_equal(np.array(out), np.array(want_hidden), str(row))
+
+
+def _drafters(model: LoadedModel) -> list[MTPDrafter]:
+    """NUM_ROWS drafters, each fed its own committed history (lazy caches: the engine's)."""
+    drafters = []
+    for row in range(NUM_ROWS):
+        drafter = MTPDrafter(model)
+        prompt = _tokens(row, 4 + row, 0)
+        drafter.reset(prompt)
+        drafter.commit([*prompt[1:], 5], _hidden(model, row, len(prompt), 0))
+        drafters.append(drafter)
+    return drafters
+
+
+def _sampler(model: LoadedModel, row: int, seeded: bool, depth: int, cycle: int) -> DraftSampler:
+    config = (
+        SamplerConfig(temperature=0.8, top_p=0.95, seed=row)
+        if seeded
+        else SamplerConfig(temperature=0.0)
+    )
+    uniforms = mx.array(np.random.default_rng([row, cycle]).random(depth, dtype=np.float32))
+    return DraftSampler(config, model.target.vocab_size, uniforms, None, model.draft_vocab)
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_a_row_drafts_alone_what_it_drafts_among_sixteen(model: LoadedModel, seeded: bool) -> None:
+    """Three cycles of depths 0..4 (the second cycle's pairs committed lazily and fed with
+    their count unread, then settled): every row's draft tokens and q from one batched
+    proposal equal its proposal alone, bitwise; rows that draft nothing this cycle keep
+    their pairs queued."""
+    alone, batched = _drafters(model), _drafters(model)
+    for cycle in range(3):
+        depths = [(row + cycle) % 5 for row in range(NUM_ROWS)]
+        histories = [_tokens(row, 8, cycle) for row in range(NUM_ROWS)]
+        expected = [
+            d.propose(h, k, _sampler(model, row, seeded, k, cycle))
+            for row, (d, h, k) in enumerate(zip(alone, histories, depths, strict=True))
+        ]
+        samplers = [_sampler(model, row, seeded, k, cycle) for row, k in enumerate(depths)]
+        got = batched[0].propose_batch(list(batched), histories, depths, samplers)
+        for row, ((want_tokens, want_qs), (tokens, qs)) in enumerate(
+            zip(expected, got, strict=True)
+        ):
+            assert len(tokens) == len(want_tokens) == depths[row]
+            np.testing.assert_array_equal(
+                np.array(mx.stack(tokens)) if tokens else [],
+                np.array(mx.stack(want_tokens)) if want_tokens else [],
+                str(row),
+            )
+            for q, want in zip(qs, want_qs, strict=True):
+                np.testing.assert_array_equal(np.array(q), np.array(want), str(row))
+        for row in range(NUM_ROWS):  # the cycle's verdict: two of three pairs hold
+            for drafters in (alone, batched):
+                drafter = drafters[row]
+                assert drafter.commits_lazily
+                if cycle == 1:  # fed by the next proposal with its count still lazy
+                    tokens = mx.array(_tokens(row, 3, cycle), mx.int32)
+                    drafter.commit_lazy(tokens, _hidden(model, row, 3, 20), mx.array(2))
+                    continue
+                if cycle == 2:  # the lazy commit's verdict is read: one pair rejected
+                    drafter.settle(1)
+                drafter.commit(_tokens(row, 2, cycle), _hidden(model, row, 2, 10 + cycle))
