@@ -28,7 +28,10 @@ def _inspect(model: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``mtplx`` command."""
-    parser = argparse.ArgumentParser(prog="mtplx", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="mtplx",
+        description="MTPLX: an OpenAI-compatible LLM server with exact speculative decoding.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run_commands.add_serve_parser(commands)
     run_commands.add_generate_parser(commands)
