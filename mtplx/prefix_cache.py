@@ -28,7 +28,11 @@ BLOCK_SIZE = 16
 class BlockState(Protocol):
     """The states of one block, as the batched target saved them."""
 
-    resumable: bool  # whether a row can continue right after this block
+    @property
+    def resumable(self) -> bool:
+        """Whether a row can continue right after this block (read-only: a state may
+        derive it from its contents)."""
+        ...
 
     @property
     def nbytes(self) -> int:

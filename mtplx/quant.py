@@ -190,7 +190,7 @@ def _target(variant: str) -> tuple[Path, dict[str, object]]:
         _ATTENTION.read_text(),
         _LAYER.read_text(),
         _EXT.read_text(),
-        mx.__version__,
+        mx.__version__,  # type: ignore[attr-defined]  # set at runtime, absent from the stubs
         str((mlx_root / "lib" / "libmlx.so").stat().st_size)
         if (mlx_root / "lib" / "libmlx.so").exists()
         else "",

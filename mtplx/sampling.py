@@ -225,7 +225,7 @@ def speculative_output_marginal(target_p: np.ndarray, draft_q: np.ndarray) -> np
     residual = residual_distribution(target_p, draft_q)
     marginal = np.zeros_like(target_p)
     for token_id in np.flatnonzero(draft_q > 0):
-        accept = acceptance_probability(target_p, draft_q, token_id)
+        accept = acceptance_probability(target_p, draft_q, int(token_id))
         marginal[token_id] += draft_q[token_id] * accept
         marginal += draft_q[token_id] * (1.0 - accept) * residual
     return marginal

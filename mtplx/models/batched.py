@@ -45,6 +45,7 @@ from mlx_lm.models.activations import swiglu
 
 from mtplx import attention as fused_attention
 from mtplx import fused_layer
+from mtplx.arrays import scalar_int
 from mtplx.blas_shim import INVARIANT_MAX_ROWS
 from mtplx.models.base import TargetModel
 from mtplx.models.compiled_layer import CompiledLayer
@@ -231,7 +232,8 @@ def _fuse_quantized(attn: Any, mlp: Any, groups: tuple[tuple[Any, ...], ...]) ->
             m.weight, m.scales, m.biases = (a[start : start + size] for a in arrays)
             start += size
         mx.eval([(m.weight, m.scales, m.biases) for m in modules])
-        fused.append(QuantWeight(*arrays, bits, group_size))
+        weight, scales, biases = arrays
+        fused.append(QuantWeight(weight, scales, biases, bits, group_size))
     qkv, gate_up = fused
     return _Fused(
         qkv=qkv,
@@ -414,7 +416,7 @@ class SlotTarget:
     def settle(self, row: SlotRow) -> int:
         """Read the row's oldest lazy trim (its verdict must be computed or computing) and
         apply it; returns the count."""
-        num_tokens = int(row.unsettled.pop(0).item())
+        num_tokens = scalar_int(row.unsettled.pop(0))
         row.length -= num_tokens
         return num_tokens
 
@@ -575,6 +577,7 @@ class SlotTarget:
             zip(self.trunk.inner.layers, self._fused, strict=True)
         ):
             attn, norm = layer.self_attn, layer.input_layernorm
+            assert fused is not None  # the compiled pieces describe fused layers only
             queries_all, keys_all, values_all = compiled.project(
                 x, norm.weight, weight_arrays(fused.qkv), rotation, norm.eps
             )
@@ -785,7 +788,11 @@ class SlotTarget:
         key_length = max(lengths) + max_tokens
         query_end = offsets[:, None] + mx.arange(max_tokens)[None, :]  # [R, T]
         mask = mx.arange(key_length)[None, None, :] <= query_end[:, :, None]  # [R, T, L]
-        visible = slots = counts_seen = None
+        # What the attention kind reads (None otherwise): the fused kernel's per-token slots
+        # and key counts, the compiled attention's mask.
+        visible: mx.array | None = None
+        token_slots: mx.array | None = None
+        counts_seen: mx.array | None = None
         span = min(-(-key_length // ATTEND_STEP) * ATTEND_STEP, store.capacity)
         if self.attention == "kernel":
             # Per packed token: its slot in the store, and the keys it sees (its row's offset,
@@ -794,7 +801,7 @@ class SlotTarget:
                 row.slot - first for row, c in zip(rows, counts, strict=True) for _ in range(c)
             ]
             steps = [t + 1 for c in counts for t in range(c)]
-            slots = mx.array([store_first + r for r in window], mx.int32)
+            token_slots = mx.array([store_first + r for r in window], mx.int32)
             counts_seen = offsets[mx.array(window, mx.int32)] + mx.array(steps, mx.int32)
         elif self._compiled is not None and max_tokens <= self._query_block:
             visible = mx.arange(span)[None, None, :] <= query_end[:, :, None]
@@ -817,7 +824,7 @@ class SlotTarget:
             visible=visible,
             span=span,
             dense=dense,
-            slots=slots,
+            slots=token_slots,
             counts=counts_seen,
         )
 
@@ -1021,7 +1028,9 @@ def packed_positions(rows: Sequence[SlotRow], counts: Sequence[int]) -> mx.array
     )
 
 
-def batched_target(target: TargetModel, max_rows: int, keep_hidden: bool = False) -> BatchedTarget:
+def batched_target(
+    target: TargetModel, max_rows: int, keep_hidden: bool = False
+) -> BatchedTarget[Any]:
     """The fastest exact batched form of ``target``: slots for mlx-lm's llama trunks, one
     forward per row otherwise. ``keep_hidden``: slots keep every position's hidden state,
     so that blocks of them can be saved for the prefix cache."""

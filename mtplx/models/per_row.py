@@ -72,7 +72,7 @@ class PerRowTarget:
     # A layer's states depend on how the tokens were split into forwards: blocks resume only
     # where the prompt's fixed chunks end.
     resumes_anywhere = False
-    calibration_key = None
+    calibration_key: str | None = None
 
     def __init__(self, target: TargetModel) -> None:
         self.target = target

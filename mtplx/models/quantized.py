@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -152,9 +152,11 @@ def activation_dtype(inner: Any) -> mx.Dtype:
     return embed.weight.dtype
 
 
-def _kernel_params(scales: mx.array, biases: mx.array) -> tuple[mx.array, mx.array]:
+def _kernel_params(scales: mx.array, biases: mx.array | None) -> tuple[mx.array, mx.array]:
     """Scales and biases as the kernel reads them: float16 where that is exact (GGUF's are
     float16 to begin with: half the bytes of float32 to read per token), else float32."""
+    if biases is None:  # MLX's non-affine modes have none; ``_kernel_takes`` admits affine only
+        raise ValueError("the quantized kernel takes affine weights (scales and biases)")
     s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
     s16, b16 = s32.astype(mx.float16), b32.astype(mx.float16)
     exact = mx.array_equal(s16.astype(mx.float32), s32) and mx.array_equal(
@@ -241,12 +243,21 @@ def _dequantized(layer: Any) -> nn.Module:
     return out
 
 
+def _leaf_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(dotted path, module) of every leaf module of ``module`` (``tree_flatten`` without a
+    destination returns this list; its stub also allows the dict form it fills when given one)."""
+    return cast(
+        list[tuple[str, nn.Module]],
+        tree_flatten(module.leaf_modules(), is_leaf=nn.Module.is_module),
+    )
+
+
 def serve_quantized(module: nn.Module) -> int:
     """Swap ``module``'s quantized layers for the invariant-kernel ones (or float32 ones where
     the kernel does not take their format). Returns how many now run on the kernel."""
     swaps: list[tuple[str, nn.Module]] = []
     served = 0
-    for path, layer in tree_flatten(module.leaf_modules(), is_leaf=nn.Module.is_module):
+    for path, layer in _leaf_modules(module):
         if isinstance(layer, nn.QuantizedLinear | nn.QuantizedEmbedding):
             if not _kernel_takes(layer):
                 logger.info(
@@ -291,7 +302,7 @@ def describe_weights(module: nn.Module) -> str:
     """The weight formats of ``module``'s products, most common first, e.g.
     ``affine q4/g32 (210), affine q8/g32 (1)`` or ``float32``."""
     counts: dict[str, int] = {}
-    for _, layer in tree_flatten(module.leaf_modules(), is_leaf=nn.Module.is_module):
+    for _, layer in _leaf_modules(module):
         if isinstance(layer, InvariantQuantizedLinear | InvariantQuantizedEmbedding):
             name = f"affine q{layer.bits}/g{layer.group_size}"
         elif isinstance(layer, nn.QuantizedLinear | nn.QuantizedEmbedding):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import mlx.core as mx
 
@@ -16,6 +16,11 @@ class Row(Protocol):
     """One sequence's target state inside a batched target."""
 
     length: int  # committed positions in the target cache
+
+
+# A target's own row type: its methods take the rows its ``new_row`` made and no other kind,
+# so the parameter is invariant (callers that hold rows opaquely use ``BatchedTarget[Any]``).
+RowT = TypeVar("RowT", bound=Row)
 
 
 @dataclass
@@ -32,18 +37,18 @@ class RowOutput:
         return self.logits
 
 
-class BatchedTarget(Protocol):
-    """A target that runs many rows in one forward."""
+class BatchedTarget(Protocol[RowT]):
+    """A target that runs many rows in one forward, over rows of its own type ``RowT``."""
 
     vocab_size: int
     hidden_size: int
     recurrent: bool  # rows hold state that ``trim`` cannot drop (use checkpoint/rollback)
 
-    def new_row(self) -> Row:
+    def new_row(self) -> RowT:
         """An empty row (no committed positions)."""
         ...
 
-    def release(self, row: Row) -> None:
+    def release(self, row: RowT) -> None:
         """Free a row's storage; the row must not be used again."""
         ...
 
@@ -53,13 +58,17 @@ class BatchedTarget(Protocol):
         ...
 
     # Rows a forward may pack and still be batch-invariant (0: one row per forward only
-    # when prefilling, see ``max_prefill_tokens``), and the most tokens one prefilling row
-    # may feed in a forward shared with other rows.
+    # when prefilling, see ``max_prefill_tokens``).
     max_packed_rows: int
-    max_prefill_tokens: int
+
+    @property
+    def max_prefill_tokens(self) -> int:
+        """The most tokens one prefilling row may feed in a forward shared with other rows
+        (read-only: a target may derive it from its state)."""
+        ...
 
     def forward(
-        self, rows: list[Row], tokens: list[mx.array], logits: Sequence[str] | str = "all"
+        self, rows: list[RowT], tokens: list[mx.array], logits: Sequence[str] | str = "all"
     ) -> list[RowOutput]:
         """tokens[i]: [T_i] int32 (may be lazy) appended to rows[i] -> one output per row.
         Every row's length grows by T_i. ``logits`` (per row, or one for all): "all"
@@ -67,15 +76,15 @@ class BatchedTarget(Protocol):
         prompt)."""
         ...
 
-    def trim(self, row: Row, num_tokens: int) -> None:
+    def trim(self, row: RowT, num_tokens: int) -> None:
         """Drop the last ``num_tokens`` positions of ``row`` (KV rows only)."""
         ...
 
-    def checkpoint(self, row: Row) -> Any:
+    def checkpoint(self, row: RowT) -> Any:
         """A point ``rollback`` returns the row to."""
         ...
 
-    def rollback(self, row: Row, point: Any) -> None:
+    def rollback(self, row: RowT, point: Any) -> None:
         """Return ``row`` to ``point``."""
         ...
 
@@ -88,11 +97,11 @@ class BatchedTarget(Protocol):
     # cycle can run one step ahead (False: only ``trim``; the two methods are never called).
     trims_lazily: bool
 
-    def trim_lazily(self, row: Row, num_tokens: mx.array) -> None:
+    def trim_lazily(self, row: RowT, num_tokens: mx.array) -> None:
         """``trim`` by a count still computing ([] int32); ``settle`` applies it."""
         ...
 
-    def settle(self, row: Row) -> int:
+    def settle(self, row: RowT) -> int:
         """Read the row's oldest lazy trim and apply it; returns the count."""
         ...
 
@@ -101,13 +110,13 @@ class BatchedTarget(Protocol):
     saves_blocks: bool
 
     def save_block(
-        self, row: Row, start: int, end: int, hidden: mx.array | None = None
+        self, row: RowT, start: int, end: int, hidden: mx.array | None = None
     ) -> BlockState | None:
         """A copy of the row's states at positions [start, end); ``hidden``: their hidden
         states when the target does not keep them. None: nothing saved."""
         ...
 
-    def load_blocks(self, row: Row, states: Sequence[Any]) -> mx.array:
+    def load_blocks(self, row: RowT, states: Sequence[Any]) -> mx.array:
         """Append saved blocks to the row; returns their hidden states [sum B, H]."""
         ...
 
