@@ -77,12 +77,40 @@ def test_exp_is_mlx_cpu_exp() -> None:
     assert np.array_equal(got, want)
 
 
-def test_swiglu_is_mlx_lm_bits() -> None:
+@pytest.mark.parametrize("size", [1536, 37])
+def test_swiglu_is_mlx_lm_bits(size: int) -> None:
+    """Vector lanes (whole vectors of a row) and the scalar tail (37 = 2 x 16 + 5) alike."""
     rng = np.random.default_rng(3)
-    size = 1536
     gate_up = rng.standard_normal((9, 2 * size)).astype(np.float32) * 6
-    edges = np.float32([0.0, -0.0, 1e-30, -1e-30, 20, -20, 87.9, -87.9, 88.5, -88.5, 1e3, -1e3])
-    gate_up[0, : len(edges)] = edges
+    edges = np.float32(
+        [
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            20,
+            -20,
+            87.9,
+            -87.9,
+            88.5,
+            -88.5,
+            1e3,
+            -1e3,
+            np.inf,
+            -np.inf,
+            np.nan,
+            61.0,
+            -61.0,
+            60.99,
+            61.01,
+            0.34657359,
+            -0.34657359,
+        ]
+    )
+    gate_up[0, : len(edges)] = edges[:size]
+    # |g| log2(e) next to half-integers: where rounding x to the nearest integer turns
+    gate_up[1:, :size] = (rng.integers(-120, 120, (8, size)) + 0.5) / np.float32(1.442695)
+    gate_up[1:, :size] += rng.integers(-2, 3, (8, size)) * np.float32(1e-6)
     g = mx.array(gate_up)
     got = fused_layer.swiglu(g)
     for want in (
@@ -90,6 +118,17 @@ def test_swiglu_is_mlx_lm_bits() -> None:
         g[..., :size] * mx.sigmoid(g[..., :size]) * g[..., size:],
     ):
         assert np.array_equal(_bits(got), _bits(want))
+
+
+def test_swiglu_sweep_is_mlx_lm_bits() -> None:
+    """Every 2^-9-spaced gate in [-100, 100] and beyond the exp's bounds, against MLX."""
+    gates = np.arange(-100 * 512, 100 * 512, dtype=np.float32) / np.float32(512)
+    gates = np.concatenate([gates, np.float32([88.0, -88.0, 88.00001, -88.00001])])
+    ups = np.float32(0.75) + np.zeros_like(gates)
+    g = mx.array(np.concatenate([gates, ups])[None, :])
+    got = fused_layer.swiglu(g)
+    size = len(gates)
+    assert np.array_equal(_bits(got), _bits(mlx_swiglu(g[..., :size], g[..., size:])))
 
 
 # -- the halves against the compiled pieces --------------------------------------------------
