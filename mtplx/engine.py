@@ -39,7 +39,8 @@ from mtplx.drafters.factories import drafter_factories
 from mtplx.engine_state import StepEvent
 from mtplx.grammar import GrammarCompiler
 from mtplx.models.base import LoadedModel, TargetModel
-from mtplx.models.batched import BatchedTarget, batched_target
+from mtplx.models.batched import batched_target
+from mtplx.models.rows import BatchedTarget
 from mtplx.planner import Plan, StepCosts
 from mtplx.postprocess import Postprocess
 from mtplx.prefix_cache import PrefixCache

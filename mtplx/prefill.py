@@ -12,7 +12,7 @@ from mtplx.arrays import scalar_int
 from mtplx.cycle import CycleResult
 from mtplx.engine_state import EngineState, StepEvent
 from mtplx.events import prompt_logprobs
-from mtplx.models.batched import RowOutput
+from mtplx.models.rows import RowOutput
 from mtplx.sampling import mx_distribution_from_logits, mx_sample
 from mtplx.sequence import Sequence
 from mtplx.speculative import cycle_uniforms

@@ -1,5 +1,5 @@
 """The interface every batched target offers the engine: rows, their outputs, one forward
-over many rows (``mtplx.models.batched.SlotTarget``, ``mtplx.models.per_row.PerRowTarget``)."""
+over many rows (``mtplx.models.slot_target.SlotTarget``, ``mtplx.models.per_row.PerRowTarget``)."""
 
 from __future__ import annotations
 
