@@ -33,10 +33,21 @@ from typing import Any
 
 from mtplx.models.base import TargetModel
 from mtplx.models.per_row import PerRowTarget
-from mtplx.models.rows import BatchedTarget
+from mtplx.models.rows import BatchedTarget, Row, RowOutput
+from mtplx.models.slot_layout import SlotRow
 from mtplx.models.slot_target import SlotTarget
 
-__all__ = ["batched_target"]
+# The interface and its two implementations, beside the factory: what the engine and
+# scripts import from here (each is defined in its own module).
+__all__ = [
+    "BatchedTarget",
+    "PerRowTarget",
+    "Row",
+    "RowOutput",
+    "SlotRow",
+    "SlotTarget",
+    "batched_target",
+]
 
 
 def batched_target(
