@@ -384,7 +384,7 @@ def test_plain_rows_drawn_together_equal_each_row_drawn_alone() -> None:
     near ties and rows that share a sampler but not a seed."""
     from types import SimpleNamespace
 
-    from mtplx.models.rows import RowOutput
+    from mtplx.models.batched import RowOutput
     from mtplx.speculative import Ahead, queue_plain, queue_plain_rows
 
     vocab = 3000
