@@ -114,26 +114,12 @@ def build_group(
     num_slots, max_tokens = last - first + 1, max(counts)
     fed = {row.slot: row for row in rows}
     lengths = [fed[slot].length if slot in fed else 0 for slot in range(first, last + 1)]
-    to_padded = [start] * (num_slots * max_tokens)
-    to_packed = []
-    position = start
-    for row, count in zip(rows, counts, strict=True):
-        base = (row.slot - first) * max_tokens
-        for t in range(count):
-            to_padded[base + t] = position + t
-            to_packed.append(base + t)
-        position += count
-    garbage = store.capacity - max_tokens  # past every live row (see SlotTarget._groups)
-    write_at = [
-        ((store_first + r) * kv_heads + h) * store.capacity
-        + (lengths[r] if first + r in fed else garbage)
-        + t
-        for r in range(num_slots)
-        for h in range(kv_heads)
-        for t in range(max_tokens)
-    ]
+    to_padded, to_packed = _token_maps(rows, counts, start, first, num_slots, max_tokens)
+    position = start + len(to_packed)
+    # Slots the window spans but the group does not feed write past every live row.
+    starts = [lengths[r] if first + r in fed else None for r in range(num_slots)]
+    write_to = _write_positions(starts, store_first, kv_heads, store.capacity, max_tokens)
     offsets = mx.array(lengths, mx.int32)
-    write_to = mx.array(write_at, mx.int32)
     slot_rows = [fed.get(slot) for slot in range(first, last + 1)]
     if any(row is not None and row.unsettled for row in slot_rows):
         # Rows with lazy trims: their offsets and write positions come down by them.
@@ -150,12 +136,7 @@ def build_group(
     counts_seen: mx.array | None = None
     span = min(-(-key_length // ATTEND_STEP) * ATTEND_STEP, store.capacity)
     if kernel:
-        # Per packed token: its slot in the store, and the keys it sees (its row's offset,
-        # lazy trims included, + its index in the row's tokens + 1).
-        window = [row.slot - first for row, c in zip(rows, counts, strict=True) for _ in range(c)]
-        steps = [t + 1 for c in counts for t in range(c)]
-        token_slots = mx.array([store_first + r for r in window], mx.int32)
-        counts_seen = offsets[mx.array(window, mx.int32)] + mx.array(steps, mx.int32)
+        token_slots, counts_seen = _kernel_inputs(rows, counts, first, store_first, offsets)
     elif max_tokens <= visible_up_to:
         visible = mx.arange(span)[None, None, :] <= query_end[:, :, None]
         visible = visible[:, None, None]  # [R, 1, 1, T, S]
@@ -180,6 +161,62 @@ def build_group(
         slots=token_slots,
         counts=counts_seen,
     )
+
+
+def _token_maps(
+    rows: list[SlotRow],
+    counts: list[int],
+    start: int,
+    first: int,
+    num_slots: int,
+    max_tokens: int,
+) -> tuple[list[int], list[int]]:
+    """A group's maps between its packed tokens (from ``start`` on) and its padded layout
+    of R x T positions (slot ``first`` first): the packed index of each padded position
+    (pads -> ``start``), and the padded index of each packed token."""
+    to_padded = [start] * (num_slots * max_tokens)
+    to_packed = []
+    position = start
+    for row, count in zip(rows, counts, strict=True):
+        base = (row.slot - first) * max_tokens
+        for t in range(count):
+            to_padded[base + t] = position + t
+            to_packed.append(base + t)
+        position += count
+    return to_padded, to_packed
+
+
+def _write_positions(
+    starts: list[int | None], store_first: int, kv_heads: int, capacity: int, max_tokens: int
+) -> mx.array:
+    """[R * kv * T] int32: the flat (slot, head, position) index in the store of each
+    padded position, each slot's from its ``starts`` entry on (None: a slot the group does
+    not feed, written in the store's last T positions, past every live row: see
+    ``SlotTarget._groups``)."""
+    garbage = capacity - max_tokens
+    return mx.array(
+        [
+            ((store_first + r) * kv_heads + h) * capacity
+            + (garbage if length is None else length)
+            + t
+            for r, length in enumerate(starts)
+            for h in range(kv_heads)
+            for t in range(max_tokens)
+        ],
+        mx.int32,
+    )
+
+
+def _kernel_inputs(
+    rows: list[SlotRow], counts: list[int], first: int, store_first: int, offsets: mx.array
+) -> tuple[mx.array, mx.array]:
+    """The fused attention kernel's per packed token inputs: its slot in the store, and the
+    keys it sees (its row's offset, lazy trims included, + its index in the row's tokens
+    + 1); both [tokens] int32."""
+    window = [row.slot - first for row, c in zip(rows, counts, strict=True) for _ in range(c)]
+    steps = [t + 1 for c in counts for t in range(c)]
+    token_slots = mx.array([store_first + r for r in window], mx.int32)
+    return token_slots, offsets[mx.array(window, mx.int32)] + mx.array(steps, mx.int32)
 
 
 def padded(projected: mx.array, group: SlotGroup, num_heads: int) -> mx.array:
