@@ -88,7 +88,7 @@ class SlotTarget(SlotStores, SlotLayers):
         self.fuses_layers = self._fuses_layers()
         if self.attention == "kernel" and self._products_unbounded():
             # No product of a forward goes through the row-limited BLAS kernel: a prompt
-            # alone may feed hundreds of tokens a forward (``Engine._prefill_piece``).
+            # alone may feed hundreds of tokens a forward (``Schedule._prefill_piece``).
             self._prefill_tokens = UNBOUNDED_PREFILL_TOKENS
             self.max_packed_rows = UNBOUNDED_PREFILL_TOKENS
 
