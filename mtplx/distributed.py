@@ -48,8 +48,9 @@ from typing import Any, NoReturn
 
 import mlx.core as mx
 
-from mtplx.models.batched import SlotRow, SlotTarget, packed_positions
 from mtplx.models.quantized import activation_dtype
+from mtplx.models.slot_layout import SlotRow, packed_positions
+from mtplx.models.slot_target import SlotTarget
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,8 @@ from mtplx.drafters.factories import drafter_factories
 from mtplx.engine_state import StepEvent
 from mtplx.grammar import GrammarCompiler
 from mtplx.models.base import LoadedModel, TargetModel
-from mtplx.models.batched import BatchedTarget, batched_target
+from mtplx.models.batched import batched_target
+from mtplx.models.rows import BatchedTarget
 from mtplx.planner import Plan, StepCosts
 from mtplx.postprocess import Postprocess
 from mtplx.prefix_cache import PrefixCache
@@ -169,11 +170,9 @@ class Engine(Admission, Schedule, Runner, Postprocess):
     def step(self) -> list[StepEvent]:
         """Advance every sequence of the batch by one cycle; the events it produced."""
         events: list[StepEvent] = []
-        if not self.batched.max_packed_rows:
-            self._prefill(events)  # one row per forward: prompts go in forwards of their own
         plans = self._plans(events)  # plan: each decoding row's next cycle
         self._run(plans, events)  # schedule -> run -> postprocess: one target forward
-        if not plans and self.batched.max_packed_rows:
+        if not plans:
             self._feed_prompts(events)  # nothing decodes yet: more prompt chunks
         for sequence in list(self.running):  # emit
             if sequence.pending is not None and not sequence.finished:

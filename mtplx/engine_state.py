@@ -18,7 +18,7 @@ from mtplx.drafters.base import Drafter
 from mtplx.events import record_cycle
 from mtplx.grammar import GrammarCompiler
 from mtplx.models.base import LoadedModel, TargetModel
-from mtplx.models.batched import BatchedTarget
+from mtplx.models.rows import BatchedTarget
 from mtplx.planner import StepCosts
 from mtplx.prefix_reuse import PrefixReuse
 from mtplx.sequence import Event, Sequence

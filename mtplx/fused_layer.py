@@ -118,7 +118,7 @@ def write(
     d], values [S, kv, cap, d + 1], k and v [N, kv, d] (every packed token), write_at [R * kv
     * T] (each padded (row, head, token)'s flat store row), to_padded [R * T] (the packed
     token each padded position takes), tokens = T -> the stores after the write, values with
-    their constant 1 feature (what ``SlotTarget._write_group`` writes)."""
+    their constant 1 feature (what ``mtplx.models.slot_attention.write_group`` writes)."""
     ext = load_extension()
     new_keys = ext.kv_write(keys, k, write_at, to_padded, int(tokens))
     return new_keys, ext.kv_write(values, v, write_at, to_padded, int(tokens))

@@ -1,23 +1,21 @@
-"""Prompts into the target: the accounting of a prompt chunk that rode along in a step's
-forward, the per-row path for targets that take one row a forward (``_prefill``), prompt
-scoring, and the first token sampled after the prompt."""
+"""Prompts into the target: the chunks of a prompt whose target's states depend on how it is
+split into forwards (``fixed_chunks``), the accounting of a prompt chunk that rode along in a
+step's forward, prompt scoring, and the first token sampled after the prompt."""
 
 from __future__ import annotations
-
-import time
 
 import mlx.core as mx
 
 from mtplx.arrays import scalar_int
 from mtplx.cycle import CycleResult
-from mtplx.engine_state import EngineState, StepEvent
+from mtplx.engine_state import EngineState
 from mtplx.events import prompt_logprobs
-from mtplx.models.batched import RowOutput
+from mtplx.models.rows import RowOutput
 from mtplx.sampling import mx_distribution_from_logits, mx_sample
 from mtplx.sequence import Sequence
 from mtplx.speculative import cycle_uniforms
 
-__all__ = ["Prefill", "chunk_logits"]
+__all__ = ["Prefill", "chunk_logits", "fixed_chunks"]
 
 
 class Prefill(EngineState):
@@ -32,63 +30,16 @@ class Prefill(EngineState):
         if drafter is not None and drafter.needs_hidden:
             sequence.prefill_hidden.append(output.hidden)
         output = self._scored(sequence, output)
+        start = sequence.num_prefilled
         sequence.num_prefilled += size
         sequence.stats.prefill_time += seconds
         if self.prefix is not None:
-            self.prefix.remember(sequence, sequence.num_prefilled)
+            # The chunk's hidden states: what a target that keeps none saves in a block.
+            self.prefix.remember(sequence, sequence.num_prefilled, (start, output.hidden))
             if sequence.prefilled:  # counted now: blocks fed beside it may be copied late
                 self.prefix.cache.record_lookup(sequence.stats.cached_tokens)
         if sequence.prefilled:
             self._first_token(sequence, output)
-
-    def _prefill(self, events: list[StepEvent]) -> None:
-        """Feed admitted prompts in chunks of ``prefill_chunk_size`` (fixed by the prompt
-        alone, so a prompt's cache is bitwise the same in any batch), a chunk per waiting
-        prompt in turn, oldest first (a short prompt behind a long one starts at once),
-        until this step's ``prefill_budget`` tokens are spent (at least one chunk a step)."""
-        budget = self.prefill_budget
-        while budget > 0:
-            waiting = [s for s in self.running if not s.prefilled and not s.finished]
-            if self.prefix is not None:
-                for sequence in waiting:
-                    self.prefix.reuse(sequence)  # blocks other prompts have fed since
-                waiting = [
-                    s for i, s in enumerate(waiting) if not self.prefix.fed_by(s, waiting[:i])
-                ]
-            if not waiting:
-                return
-            for sequence in waiting:
-                start = sequence.num_prefilled
-                chunk = sequence.tokens[start : start + self.prefill_chunk_size]
-                if len(chunk) > budget and budget < self.prefill_budget:
-                    return
-                budget -= len(chunk)
-                try:
-                    self._prefill_chunk(sequence, chunk)
-                except Exception as exc:
-                    self._fail(sequence, exc, events)
-
-    def _prefill_chunk(self, sequence: Sequence, chunk: list[int]) -> None:
-        """One prompt chunk through the target; after the last, sample the first token."""
-        started = time.perf_counter()
-        last = sequence.num_prefilled + len(chunk) >= sequence.num_prompt_tokens
-        tokens = mx.array(chunk, mx.int32)
-        wanted = chunk_logits(sequence, len(chunk))
-        output = self.batched.forward([sequence.row], [tokens], wanted)[0]
-        drafter = sequence.drafter
-        if drafter is not None and drafter.needs_hidden:
-            sequence.prefill_hidden.append(output.hidden)
-        mx.eval(output.hidden if output.logits is None else output.logits, sequence.prefill_hidden)
-        output = self._scored(sequence, output)
-        start = sequence.num_prefilled
-        sequence.num_prefilled += len(chunk)
-        if self.prefix is not None:
-            self.prefix.remember(sequence, sequence.num_prefilled, (start, output.hidden))
-            if last:
-                self.prefix.cache.record_lookup(sequence.stats.cached_tokens)
-        if last:
-            self._first_token(sequence, output)
-        sequence.stats.prefill_time += time.perf_counter() - started
 
     def _scored(self, sequence: Sequence, output: RowOutput) -> RowOutput:
         """Score a prompt chunk that fed with every position's logits (``prompt_logprobs``);
@@ -141,3 +92,22 @@ def chunk_logits(sequence: Sequence, size: int) -> str:
     if sequence.request.prompt_logprobs is not None:
         return "all"
     return "last" if sequence.num_prefilled + size >= sequence.num_prompt_tokens else "none"
+
+
+def fixed_chunks(
+    waiting: list[Sequence], budget: int, chunk_size: int
+) -> list[tuple[Sequence, list[int]]]:
+    """The prompt chunks of a step for a target whose states depend on how a prompt is split
+    into forwards (not ``resumes_anywhere``: one forward per row): each waiting prompt's
+    next chunk of ``chunk_size`` tokens, fixed by the prompt alone (so its states are
+    bitwise the same in any batch, and cached blocks resume at chunk ends), oldest first,
+    those that fit in ``budget`` tokens (the first one always)."""
+    chunks: list[tuple[Sequence, list[int]]] = []
+    for sequence in waiting:
+        start = sequence.num_prefilled
+        chunk = sequence.tokens[start : min(start + chunk_size, sequence.num_prompt_tokens)]
+        if chunks and len(chunk) > budget:
+            continue  # a shorter prompt's last chunk behind it may still fit
+        chunks.append((sequence, chunk))
+        budget -= len(chunk)
+    return chunks

@@ -15,7 +15,7 @@ import logging
 
 import mlx.core as mx
 
-from mtplx.models.batched import BatchedTarget
+from mtplx.models.rows import BatchedTarget
 from mtplx.prefix_cache import BLOCK_SIZE, BlockState, PrefixCache
 from mtplx.sequence import Sequence
 

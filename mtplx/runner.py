@@ -10,7 +10,7 @@ import time
 import mlx.core as mx
 
 from mtplx.engine_state import EngineState, StepEvent
-from mtplx.models.batched import RowOutput
+from mtplx.models.rows import RowOutput
 from mtplx.planner import draft_source
 from mtplx.prefill import chunk_logits
 from mtplx.sequence import Sequence

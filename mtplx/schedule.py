@@ -9,6 +9,7 @@ import dataclasses
 from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.engine_state import EngineState, StepEvent
 from mtplx.planner import Plan, StepCosts, plan_cycle
+from mtplx.prefill import fixed_chunks
 from mtplx.sequence import Sequence
 from mtplx.speculative import commits_lazily
 from mtplx.step import StepBatch
@@ -116,9 +117,10 @@ class Schedule(EngineState):
         decoding ones, all within ``max_packed_rows`` (every row then stays batch-invariant)
         and, beside decoding streams, within BESIDE_STREAMS_TOKENS (a stream's gap between
         tokens grows with the step): waiting prompts share what is left, oldest first, each
-        at most ``_prefill_piece``;
-        at least one token a step while any prompt waits. ``idle``: no stream decodes."""
-        rows = self.batched.max_packed_rows
+        at most ``_prefill_piece`` (whole fixed chunks where the target's states depend on
+        how a prompt is split: ``fixed_chunks``); at least one token a step while any prompt
+        waits. ``idle``: no stream decodes."""
+        rows = self.batched.max_packed_rows or self.prefill_budget  # 0: rows run alone
         if idle:  # nothing decodes, nobody waits on the step: a whole forward of prompt
             budget = min(max(self.prefill_budget, self.batched.max_prefill_tokens), rows)
         else:  # a running stream waits for the step: its tokens in all stay few
@@ -128,6 +130,8 @@ class Schedule(EngineState):
             for sequence in waiting:
                 self.prefix.reuse(sequence)  # blocks other prompts have fed since
             waiting = [s for i, s in enumerate(waiting) if not self.prefix.fed_by(s, waiting[:i])]
+        if not self.batched.resumes_anywhere:
+            return fixed_chunks(waiting, budget, self.prefill_chunk_size)
         chunks: list[tuple[Sequence, list[int]]] = []
         for index, sequence in enumerate(waiting):
             # Waiting prompts share the step, so a short one behind a long one starts at once.

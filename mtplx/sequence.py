@@ -9,7 +9,7 @@ import mlx.core as mx
 
 from mtplx.depth_policy import AdaptiveDepth
 from mtplx.drafters import Drafter
-from mtplx.models.batched import Row
+from mtplx.models.rows import Row
 from mtplx.output import TextEmitter
 from mtplx.planner import Plan
 from mtplx.request import (

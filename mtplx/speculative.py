@@ -39,7 +39,7 @@ import numpy as np
 from mtplx.arrays import int_list, scalar_int
 from mtplx.cycle import Ahead, CycleResult, Draft, QueuedDraft
 from mtplx.drafters.base import Drafter, DraftSampler
-from mtplx.models.batched import BatchedTarget, RowOutput
+from mtplx.models.rows import BatchedTarget, RowOutput
 from mtplx.sampling import (
     SamplerConfig,
     mx_apply_penalties,

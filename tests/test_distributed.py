@@ -29,7 +29,7 @@ from mtplx.distributed import (
     message_size,
 )
 from mtplx.models import load
-from mtplx.models.batched import SlotRow
+from mtplx.models.slot_layout import SlotRow
 from tests.server.live import live_process, live_server
 
 LAUNCH = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "-n", "2", "--"]

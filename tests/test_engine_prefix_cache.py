@@ -13,7 +13,8 @@ import pytest
 
 from mtplx.engine import Engine
 from mtplx.models import load, make_layer_skip_draft
-from mtplx.models.batched import IDLE_CAPACITY, SlotTarget
+from mtplx.models.slot_store import IDLE_CAPACITY
+from mtplx.models.slot_target import SlotTarget
 from mtplx.prefix_cache import BLOCK_SIZE
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
 from mtplx.sampling import SamplerConfig

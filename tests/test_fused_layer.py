@@ -17,8 +17,8 @@ from mlx_lm.models.activations import swiglu as mlx_swiglu
 
 from mtplx import fused_layer
 from mtplx.models import load
-from mtplx.models.batched import SlotTarget
 from mtplx.models.quantized import InvariantQuantizedLinear, weight_arrays, weight_of
+from mtplx.models.slot_target import SlotTarget
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import quantize_checkpoint
 

@@ -12,8 +12,9 @@ import mlx.nn as nn
 import pytest
 
 from mtplx.models import load
-from mtplx.models.batched import ATTEND_STEP, SlotTarget
 from mtplx.models.compiled_layer import CompiledLayer
+from mtplx.models.slot_layout import ATTEND_STEP
+from mtplx.models.slot_target import SlotTarget
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import quantize_checkpoint
 

@@ -11,12 +11,15 @@ x[i+2], at position i+1, and predicts x[i+3].
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from mtplx.blas_shim import INVARIANT_MAX_ROWS
 
 
 class TargetModel(Protocol):
@@ -104,3 +107,50 @@ def forward_each(
 ) -> list[tuple[mx.array, mx.array]]:
     """``MTPHead.forward_rows`` for a head that cannot pack rows: one call per row."""
     return [head(h, t, c) for h, t, c in zip(hidden, next_tokens, caches, strict=True)]
+
+
+# Rows of a head step: each row's hidden states [1, T_i, H], tokens [1, T_i] and cache.
+RowPack = tuple[list[mx.array], list[mx.array], list[list[Any]]]
+# A packed head step: the rows' (logits [1, T_i, V'], hidden [1, T_i, H]), as ``__call__``.
+PackedForward = Callable[
+    [list[mx.array], list[mx.array], list[list[Any]]], list[tuple[mx.array, mx.array]]
+]
+
+
+def pack_rows(
+    hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+) -> list[RowPack]:
+    """The rows in order, in packs of at most INVARIANT_MAX_ROWS tokens: the products are
+    batch-invariant up to that many rows. A row longer than that (a long prompt's pairs)
+    goes alone, as it would without the others."""
+    packs: list[RowPack] = []
+    used = INVARIANT_MAX_ROWS  # tokens in the last pack: none open yet
+    for row_hidden, row_tokens, row_cache in zip(hidden, next_tokens, caches, strict=True):
+        size = int(row_tokens.shape[1])
+        if used + size > INVARIANT_MAX_ROWS:
+            packs.append(([], [], []))
+            used = 0
+        packs[-1][0].append(row_hidden)
+        packs[-1][1].append(row_tokens)
+        packs[-1][2].append(row_cache)
+        used += size
+    return packs
+
+
+def forward_packed(
+    head: MTPHead,
+    packed: PackedForward,
+    hidden: list[mx.array],
+    next_tokens: list[mx.array],
+    caches: list[list[Any]],
+) -> list[tuple[mx.array, mx.array]]:
+    """``MTPHead.forward_rows`` for a head whose ``packed`` step runs many rows' products
+    over their tokens packed into one [1, N] sequence: the rows in packs (``pack_rows``), a
+    row alone through ``head`` itself."""
+    outputs: list[tuple[mx.array, mx.array]] = []
+    for pack in pack_rows(hidden, next_tokens, caches):
+        if len(pack[0]) == 1:
+            outputs.append(head(pack[0][0], pack[1][0], pack[2][0]))
+        else:
+            outputs.extend(packed(*pack))
+    return outputs

@@ -16,6 +16,7 @@ checkpoint does); they are used when present, else the target's are shared.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from typing import Any
 
@@ -24,7 +25,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from mtplx.models.base import forward_each
+from mtplx.models.base import forward_each, forward_packed
 from mtplx.models.checkpoint import MTPTensors, text_config
 from mtplx.models.target import Trunk
 from mtplx.models.weights import MTPWeightError, load_checked, stack_experts
@@ -75,8 +76,46 @@ class DeepseekMTPHead:
     def forward_rows(
         self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
     ) -> list[tuple[mx.array, mx.array]]:
-        """One call per row (the block's attention is not split by row here)."""
-        return forward_each(self, hidden, next_tokens, caches)
+        """Many rows' head steps in one forward: eh_proj, the block's norms and MLP (MoE:
+        each token routed alone) and the head over the rows' tokens packed into one [1, N]
+        sequence, so each weight is read once for all rows; the block's attention (MLA)
+        per row over its own cache, as ``__call__`` runs it. The batch-invariant products
+        sum each output element in the same order whatever the row count, so a row's
+        outputs are bitwise those of ``__call__`` alone. A block of another class than
+        mlx-lm's (which this splits at its attention) runs row by row."""
+        from mlx_lm.models.deepseek_v3 import DeepseekV3DecoderLayer
+
+        if type(self.module.block) is not DeepseekV3DecoderLayer:
+            return forward_each(self, hidden, next_tokens, caches)
+        return forward_packed(self, self._forward_packed, hidden, next_tokens, caches)
+
+    def _forward_packed(
+        self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+    ) -> list[tuple[mx.array, mx.array]]:
+        """``forward_rows`` of rows whose tokens together fit the products' row limit:
+        mlx-lm's ``DeepseekV3DecoderLayer.__call__`` with its attention run row by row."""
+        m = self.module
+        block = m.block
+        sizes = [int(t.shape[1]) for t in next_tokens]
+        bounds = list(itertools.pairwise(itertools.accumulate(sizes, initial=0)))
+        embed = m.embed_tokens if "embed_tokens" in m else self.trunk.inner.embed_tokens
+        tokens = mx.concatenate(next_tokens, axis=1)  # [1, N]
+        x = mx.concatenate(
+            [m.enorm(embed(tokens)), m.hnorm(mx.concatenate(hidden, axis=1))], axis=-1
+        )
+        x = m.eh_proj(x)  # [1, N, H]
+        normed = block.input_layernorm(x)
+        attended = []
+        for (start, end), cache in zip(bounds, caches, strict=True):
+            row = normed[:, start:end]
+            mask = create_attention_mask(row, cache[0], return_array=True)
+            attended.append(block.self_attn(row, mask, cache[0]))  # [1, T_i, H]
+        h = x + mx.concatenate(attended, axis=1)
+        x = h + block.mlp(block.post_attention_layernorm(h))
+        normed = m.shared_head.norm(x)
+        head = m.shared_head
+        logits = head.head(normed) if "head" in head else self.trunk.lm_head(normed)
+        return [(logits[:, start:end], x[:, start:end]) for start, end in bounds]
 
     def __call__(
         self, hidden: mx.array, next_tokens: mx.array, cache: list[Any]

@@ -17,13 +17,14 @@ One step at position i::
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from mtplx.models.base import forward_each
+from mtplx.models.base import forward_each, forward_packed
 from mtplx.models.checkpoint import MTPTensors, text_config
 from mtplx.models.target import Trunk
 from mtplx.models.weights import MTPWeightError, load_checked
@@ -82,30 +83,33 @@ class DeepseekV4MTPHead:
     def forward_rows(
         self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
     ) -> list[tuple[mx.array, mx.array]]:
-        """One call per row (the block's attention is not split by row here)."""
-        return forward_each(self, hidden, next_tokens, caches)
+        """Many rows' head steps in one forward: the input projections, the block's
+        hyper-connection mixes, norms and MLP (MoE: each token routed alone) and the head
+        over the rows' tokens packed into one [1, N] sequence, so each weight is read once
+        for all rows; the block's window attention per row over its own cache, as
+        ``__call__`` runs it. The batch-invariant products sum each output element in the
+        same order whatever the row count, so a row's outputs are bitwise those of
+        ``__call__`` alone. A block of another class than mlx-lm's (which this splits at its
+        attention) runs row by row."""
+        from mlx_lm.models.deepseek_v41 import DecoderLayer
+
+        if type(self.module.block) is not DecoderLayer:
+            return forward_each(self, hidden, next_tokens, caches)
+        return forward_packed(self, self._forward_packed, hidden, next_tokens, caches)
 
     def __call__(
         self, hidden: mx.array, next_tokens: mx.array, cache: list[Any]
     ) -> tuple[mx.array, mx.array]:
         """hidden [B, T, H], next_tokens [B, T] -> (logits [B, T, V], hidden [B, T, H])."""
-        from mlx_lm.models.deepseek_v41 import _window_indices
-
         m = self.module
         x = m.e_proj(m.enorm(self.trunk.embed(next_tokens))) + m.h_proj(m.hnorm(hidden))
         batch, length, size = x.shape
         layer_cache = cache[0]
-        previous = 0 if layer_cache.window is None else layer_cache.window.shape[1]
-        window_idx = _window_indices(
-            previous=previous, length=length, window=int(self.trunk.args.sliding_window)
-        )
-        window_idx = mx.broadcast_to(window_idx, (batch, *window_idx.shape))
+        window_idx = self._window(layer_cache, batch, length)
         streams = mx.broadcast_to(x[:, :, None, :], (batch, length, m.hc_mult, size))
-        pre_mix = mx.zeros((batch, length, m.hc_mult), dtype=mx.float32)
-        pre_mix[..., 0] = 1.0
         streams, _ = m.block(
             streams,
-            pre_mix,
+            self._first_stream(batch, length),
             start_pos=layer_cache.offset,
             window_idx=window_idx,
             cache=layer_cache,
@@ -113,6 +117,62 @@ class DeepseekV4MTPHead:
         )
         out = m.collapse(streams)
         return self.trunk.lm_head(m.norm(out)), out
+
+    def _forward_packed(
+        self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+    ) -> list[tuple[mx.array, mx.array]]:
+        """``forward_rows`` of rows whose tokens together fit the products' row limit:
+        mlx-lm's ``DecoderLayer.__call__`` with its attention run row by row."""
+        from mlx_lm.models.deepseek_v41 import _collapse, _expand
+
+        m = self.module
+        block = m.block
+        sizes = [int(t.shape[1]) for t in next_tokens]
+        bounds = list(itertools.pairwise(itertools.accumulate(sizes, initial=0)))
+        tokens = mx.concatenate(next_tokens, axis=1)  # [1, N]
+        x = m.e_proj(m.enorm(self.trunk.embed(tokens)))
+        x = x + m.h_proj(m.hnorm(mx.concatenate(hidden, axis=1)))  # [1, N, H]
+        _, length, size = x.shape
+        streams = mx.broadcast_to(x[:, :, None, :], (1, length, m.hc_mult, size))
+        attn_pre, attn_post, attn_comb = block.attn_hc(streams)
+        normed = block.input_layernorm(_collapse(streams, self._first_stream(1, length)))
+        attended = []
+        for (start, end), cache in zip(bounds, caches, strict=True):
+            layer_cache = cache[0]
+            attended.append(
+                block.self_attn(
+                    normed[:, start:end],
+                    start_pos=layer_cache.offset,
+                    window_idx=self._window(layer_cache, 1, end - start),
+                    cache=layer_cache,
+                    shared={},
+                )
+            )  # [1, T_i, H]
+        streams = _expand(mx.concatenate(attended, axis=1), streams, attn_post, attn_comb)
+        _, ffn_post, ffn_comb = block.ffn_hc(streams)
+        h = block.mlp(block.post_attention_layernorm(_collapse(streams, attn_pre)))
+        streams = _expand(h, streams, ffn_post, ffn_comb)
+        out = m.collapse(streams)
+        logits = self.trunk.lm_head(m.norm(out))
+        return [(logits[:, start:end], out[:, start:end]) for start, end in bounds]
+
+    def _window(self, layer_cache: Any, batch: int, length: int) -> mx.array:
+        """The window positions the block's attention reads for ``length`` new tokens after
+        what ``layer_cache`` holds: [batch, ...] (mlx-lm's ``_window_indices``)."""
+        from mlx_lm.models.deepseek_v41 import _window_indices
+
+        previous = 0 if layer_cache.window is None else layer_cache.window.shape[1]
+        window_idx = _window_indices(
+            previous=previous, length=length, window=int(self.trunk.args.sliding_window)
+        )
+        return mx.broadcast_to(window_idx, (batch, *window_idx.shape))
+
+    def _first_stream(self, batch: int, length: int) -> mx.array:
+        """[batch, length, hc] float32: the block's input mix, all weight on the first
+        stream (every stream holds the same input)."""
+        pre_mix = mx.zeros((batch, length, self.module.hc_mult), dtype=mx.float32)
+        pre_mix[..., 0] = 1.0
+        return pre_mix
 
 
 def build_deepseek_v4_heads(

@@ -27,9 +27,8 @@ from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
-from mtplx.blas_shim import INVARIANT_MAX_ROWS
 from mtplx.lazy_cache import LazyKVCache
-from mtplx.models.base import forward_each
+from mtplx.models.base import forward_each, forward_packed
 from mtplx.models.checkpoint import MTPTensors, text_config
 from mtplx.models.families import NATIVE_NEXTN, strip_nextn_prefix
 from mtplx.models.target import Trunk
@@ -102,13 +101,7 @@ class NextNHead:
         over other layers than mlx-lm's llama block run row by row."""
         if not _packs(self.module.layers[self.index]):
             return forward_each(self, hidden, next_tokens, caches)
-        outputs: list[tuple[mx.array, mx.array]] = []
-        for pack in _packed(hidden, next_tokens, caches):
-            if len(pack[0]) == 1:
-                outputs.append(self(pack[0][0], pack[1][0], pack[2][0]))
-            else:
-                outputs.extend(self._forward_packed(*pack))
-        return outputs
+        return forward_packed(self, self._forward_packed, hidden, next_tokens, caches)
 
     def _forward_packed(
         self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
@@ -128,26 +121,6 @@ class NextNHead:
         logits = m.lm_head(out) if "lm_head" in m else self.trunk.lm_head(out)
         bounds = list(itertools.accumulate(sizes, initial=0))
         return [(logits[:, a:b], out[:, a:b]) for a, b in itertools.pairwise(bounds)]
-
-
-def _packed(
-    hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
-) -> list[tuple[list[mx.array], list[mx.array], list[list[Any]]]]:
-    """The rows in order, in packs of at most INVARIANT_MAX_ROWS tokens: the products are
-    batch-invariant up to that many rows. A row longer than that (a long prompt's pairs)
-    goes alone, as it would without the others."""
-    packs: list[tuple[list[mx.array], list[mx.array], list[list[Any]]]] = []
-    used = INVARIANT_MAX_ROWS  # tokens in the last pack: none open yet
-    for row_hidden, row_tokens, row_cache in zip(hidden, next_tokens, caches, strict=True):
-        size = int(row_tokens.shape[1])
-        if used + size > INVARIANT_MAX_ROWS:
-            packs.append(([], [], []))
-            used = 0
-        packs[-1][0].append(row_hidden)
-        packs[-1][1].append(row_tokens)
-        packs[-1][2].append(row_cache)
-        used += size
-    return packs
 
 
 def _packs(layer: nn.Module) -> bool:

@@ -65,7 +65,9 @@ def _arrays(value: Any) -> list[mx.array]:
 class PerRowTarget:
     """Any TargetModel, one forward per row (all queued before one evaluation)."""
 
-    max_packed_rows = 0  # prompts are prefilled alone, in fixed chunks
+    # Each row runs its own forward: no rows are packed, so no limit on a forward's tokens
+    # (prompts go in the engine's fixed chunks beside decoding rows: not resumes_anywhere).
+    max_packed_rows = 0
     max_prefill_tokens = 0
     # Rows are rolled back after their verdicts are read: cycles are not run one step ahead.
     trims_lazily = False

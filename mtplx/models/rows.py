@@ -1,5 +1,5 @@
 """The interface every batched target offers the engine: rows, their outputs, one forward
-over many rows (``mtplx.models.batched.SlotTarget``, ``mtplx.models.per_row.PerRowTarget``)."""
+over many rows (``mtplx.models.slot_target.SlotTarget``, ``mtplx.models.per_row.PerRowTarget``)."""
 
 from __future__ import annotations
 
@@ -57,14 +57,15 @@ class BatchedTarget(Protocol[RowT]):
         """Bytes of KV (and other per-row state) the target holds for its rows now."""
         ...
 
-    # Rows a forward may pack and still be batch-invariant (0: one row per forward only
-    # when prefilling, see ``max_prefill_tokens``).
+    # Tokens a forward may pack and keep every row batch-invariant (0: the target packs no
+    # rows, each runs a forward of its own, so no limit).
     max_packed_rows: int
 
     @property
     def max_prefill_tokens(self) -> int:
         """The most tokens one prefilling row may feed in a forward shared with other rows
-        (read-only: a target may derive it from its state)."""
+        (read-only: a target may derive it from its state; unused where the target does
+        not ``resumes_anywhere``: its prompts go in the engine's fixed chunks)."""
         ...
 
     def forward(

@@ -114,3 +114,56 @@ def test_a_row_drafts_alone_what_it_drafts_among_sixteen(model: LoadedModel, see
                 if cycle == 2:  # the lazy commit's verdict is read: one pair rejected
                     drafter.settle(1)
                 drafter.commit(_tokens(row, 2, cycle), _hidden(model, row, 2, 10 + cycle))
+
+
+@pytest.fixture(scope="module", params=["deepseek_v3", "deepseek_v4"])
+def deepseek(request: pytest.FixtureRequest) -> LoadedModel:
+    """The DeepSeek-form heads (MLA or window attention, MoE): caches not lazy."""
+    return load(request.getfixturevalue(f"{request.param}_checkpoint"))
+
+
+def _deepseek_drafters(model: LoadedModel) -> list[MTPDrafter]:
+    """NUM_ROWS drafters, each fed its own committed history."""
+    drafters = []
+    size = model.target.hidden_size
+    for row in range(NUM_ROWS):
+        drafter = MTPDrafter(model)
+        prompt = _tokens(row, 4 + row, 0)
+        drafter.reset(prompt)
+        hidden = mx.random.normal((1, len(prompt), size), key=mx.random.key(row))
+        drafter.commit([*prompt[1:], 5], hidden)
+        drafters.append(drafter)
+    return drafters
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_a_deepseek_head_row_drafts_alone_what_it_drafts_among_sixteen(
+    deepseek: LoadedModel, seeded: bool
+) -> None:
+    """The DeepSeek-form heads pack rows too: three cycles of depths 0..4, each row's draft
+    tokens and q from one batched proposal equal its proposal alone, bitwise."""
+    model = deepseek
+    size = model.target.hidden_size
+    alone, batched = _deepseek_drafters(model), _deepseek_drafters(model)
+    assert not alone[0].commits_lazily
+    for cycle in range(3):
+        depths = [(row + cycle) % 5 for row in range(NUM_ROWS)]
+        histories = [_tokens(row, 8, cycle) for row in range(NUM_ROWS)]
+        expected = [
+            d.propose(h, k, _sampler(model, row, seeded, k, cycle))
+            for row, (d, h, k) in enumerate(zip(alone, histories, depths, strict=True))
+        ]
+        samplers = [_sampler(model, row, seeded, k, cycle) for row, k in enumerate(depths)]
+        got = batched[0].propose_batch(list(batched), histories, depths, samplers)
+        for row, ((want_tokens, want_qs), (tokens, qs)) in enumerate(
+            zip(expected, got, strict=True)
+        ):
+            assert len(tokens) == len(want_tokens) == depths[row]
+            for token, want in zip(tokens, want_tokens, strict=True):
+                assert token.item() == want.item(), row
+            for q, want in zip(qs, want_qs, strict=True):
+                np.testing.assert_array_equal(np.array(q), np.array(want), str(row))
+        for row in range(NUM_ROWS):  # the cycle's verdict: two pairs committed
+            hidden = mx.random.normal((1, 2, size), key=mx.random.key(100 * cycle + row))
+            for drafters in (alone, batched):
+                drafters[row].commit(_tokens(row, 2, cycle), hidden)

@@ -4,7 +4,7 @@ import mtplx  # noqa
 import mlx.core as mx
 from mtplx.models import load
 from mtplx.models.gguf import ensure_default_model
-from mtplx.models.batched import SlotTarget
+from mtplx.models.slot_target import SlotTarget
 model = load(ensure_default_model("native"))
 target = SlotTarget(model.target, max_rows=4)
 target.fuses_layers = sys.argv[1] == "1"

@@ -1,64 +1,22 @@
-"""Batched target forwards: a row's outputs do not depend on the other rows, bitwise, and
-agree with the model's own forward."""
+"""The slot target's forwards: a row's outputs do not depend on the other rows, bitwise,
+agree with the model's own forward, and do not depend on how a prompt is chunked or on
+whether a trim was lazy."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
 from mtplx.models import load
-from mtplx.models.batched import IDLE_CAPACITY, PerRowTarget, SlotTarget, batched_target
-from tests.fixtures.checkpoints import build_checkpoint
-from tests.fixtures.variants import quantize_checkpoint, untie_lm_head
-
-
-@pytest.fixture(scope="module", params=["float32", "q4", "q4-int8"])
-def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """The llama fixture in float32, and quantized (4-bit affine: its products on the
-    invariant quantized kernel, with float32 or int8 activations: MTPLX_ACTIVATIONS is a
-    process setting, held for the module's tests of that model)."""
-    directory = tmp_path_factory.mktemp("batched")
-    build_checkpoint("llama_mtp", directory)
-    untie_lm_head(directory)
-    quantized = request.param.startswith("q4")
-    if quantized:
-        quantize_checkpoint(directory, bits=4, group_size=32)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MTPLX_ACTIVATIONS", "int8" if request.param == "q4-int8" else "float32")
-        loaded = load(directory)
-        assert loaded.weights.startswith("affine q4" if quantized else "float32")
-        yield loaded
-
-
-def _prompt(i: int, length: int) -> mx.array:
-    return mx.array([(5 + 7 * i + 13 * j * j) % 250 + 3 for j in range(length)], mx.int32)
-
-
-def _rows(target: SlotTarget, lengths: list[int]):
-    rows = []
-    for i, length in enumerate(lengths):
-        row = target.new_row()
-        mx.eval(target.forward([row], [_prompt(i, length)], "last")[0].logits)
-        rows.append(row)
-    return rows
-
-
-def test_llama_trunks_get_the_slot_target_and_others_one_forward_per_row(
-    model, qwen3_next_checkpoint: Path
-) -> None:
-    assert isinstance(batched_target(model.target, 4), SlotTarget)
-    other = load(qwen3_next_checkpoint)
-    per_row = batched_target(other.target, 4)
-    assert isinstance(per_row, PerRowTarget) and per_row.recurrent
+from mtplx.models.slot_target import SlotTarget
+from tests.models.slots import fed_rows, prompt
 
 
 def test_a_row_alone_and_among_others_gives_the_same_bits(model) -> None:
     target = SlotTarget(model.target, max_rows=16)
     lengths = [3 + 19 * i % 97 for i in range(16)]  # 16 rows of different lengths
-    rows = _rows(target, lengths)
+    rows = fed_rows(target, lengths)
     tokens = [mx.array([7, 8, 9, 10, 11, 12][: 1 + i % 6], mx.int32) for i in range(16)]
     together = target.forward(rows, tokens)
     mx.eval([(o.logits, o.hidden) for o in together])
@@ -73,89 +31,16 @@ def test_a_row_alone_and_among_others_gives_the_same_bits(model) -> None:
 
 def test_slot_rows_match_the_models_own_forward(model) -> None:
     target = SlotTarget(model.target, max_rows=4)
-    rows = _rows(target, [9, 30, 4])
+    rows = fed_rows(target, [9, 30, 4])
     outputs = target.forward(rows, [mx.array([3, 4], mx.int32)] * 3)
     for i, (row, output) in enumerate(zip(rows, outputs, strict=True)):
         assert row.length == [9, 30, 4][i] + 2
         cache = model.target.make_cache()
-        history = mx.concatenate([_prompt(i, [9, 30, 4][i]), mx.array([3, 4], mx.int32)])
+        history = mx.concatenate([prompt(i, [9, 30, 4][i]), mx.array([3, 4], mx.int32)])
         logits, _ = model.target(history[None], cache)
         np.testing.assert_allclose(
             np.array(output.logits), np.array(logits[0, -2:]), atol=1e-4, rtol=1e-4
         )
-
-
-def test_released_slots_are_reused_and_never_shared(model) -> None:
-    target = SlotTarget(model.target, max_rows=2)
-    first, second = target.new_row(), target.new_row()
-    with pytest.raises(RuntimeError, match="slots"):
-        target.new_row()
-    target.release(first)
-    third = target.new_row()
-    assert third.slot == 0 and second.slot == 1
-    with pytest.raises(ValueError, match="own live slot"):
-        target.forward([third, third], [mx.array([1]), mx.array([2])])
-
-
-def test_an_idle_store_grown_by_a_long_row_is_freed(model) -> None:
-    """Once the last row leaves, a store grown past IDLE_CAPACITY is dropped; the next rows
-    allocate afresh and give the bits of a fresh target."""
-    target = SlotTarget(model.target, max_rows=4)
-    (long_row,) = _rows(target, [IDLE_CAPACITY + 1])
-    short = target.new_row()
-    target.release(long_row)
-    assert target._shared.capacity > IDLE_CAPACITY  # a row still runs: the store stays
-    target.release(short)
-    assert target._shared.capacity == 0 and not target._shared.layers
-    (again,) = _rows(target, [40])
-    fresh = SlotTarget(model.target, max_rows=4)
-    (fresh_row,) = _rows(fresh, [40])
-    (got,) = target.forward([again], [mx.array([3, 4])])
-    (want,) = fresh.forward([fresh_row], [mx.array([3, 4])])
-    assert mx.array_equal(got.logits, want.logits).item()
-    assert target._shared.capacity == fresh._shared.capacity
-
-
-def test_a_long_row_moves_to_a_store_of_its_own_with_the_same_bits(model) -> None:
-    """A row that outgrows the shared store moves to a store of its own and attends alone:
-    every output (beside two short rows, across the move, in prompt chunks and decode steps)
-    is the same bits as with one store for all; the shared store stays short, and the long
-    row's store is freed with it."""
-    shared = SlotTarget(model.target, max_rows=4, keep_hidden=True)
-    split = SlotTarget(model.target, max_rows=4, keep_hidden=True)
-    split.shared_capacity = 256
-    for target in (shared, split):
-        _rows(target, [40, 10])
-        target.new_row()
-    rows = {id(t): list(t._live.values()) for t in (shared, split)}
-    long_prompt = _prompt(5, 300)
-    fed = 0
-    while fed < 360:
-        chunk = long_prompt[fed : fed + 64] if fed < 300 else mx.array([fed % 250 + 3], mx.int32)
-        outputs = []
-        for target in (shared, split):
-            short_a, short_b, long_row = rows[id(target)]
-            out = target.forward(
-                [short_a, long_row, short_b], [mx.array([fed % 7 + 3]), chunk, mx.array([9])]
-            )
-            mx.eval([(o.logits, o.hidden) for o in out])
-            outputs.append(out)
-        for mine, theirs in zip(*outputs, strict=True):
-            assert mx.array_equal(mine.logits, theirs.logits).item(), fed
-            assert mx.array_equal(mine.hidden, theirs.hidden).item(), fed
-        fed += int(chunk.shape[0])
-    long_row = rows[id(split)][2]
-    assert long_row.private and not rows[id(split)][0].private
-    assert split._shared.capacity <= 256 < shared._shared.capacity
-    # The long row's store holds it alone: one slot, not four, at its length.
-    assert split._private[long_row.slot].num_slots == 1
-    assert split._private[long_row.slot].capacity == shared._shared.capacity == 512
-    assert split.kv_nbytes < shared.kv_nbytes
-    saved = [t.save_block(rows[id(t)][2], 200, 330) for t in (shared, split)]
-    for name in ("keys", "values", "hidden"):
-        assert mx.array_equal(getattr(saved[0], name), getattr(saved[1], name)).item()
-    split.release(long_row)
-    assert not split._private
 
 
 @pytest.mark.parametrize("compiled", [True, False])
@@ -168,7 +53,7 @@ def test_a_lazy_trim_gives_the_bits_of_a_trim(model, compiled: bool) -> None:
         target = SlotTarget(model.target, max_rows=4, keep_hidden=True)
         if not compiled:
             target._compiled = None
-        rows = _rows(target, [9, 30, 17])
+        rows = fed_rows(target, [9, 30, 17])
         drafts = [
             mx.array([4, 5, 6], mx.int32),
             mx.array([8], mx.int32),
@@ -234,12 +119,12 @@ def test_prefill_in_any_chunking_gives_the_bits_of_decode_steps(model) -> None:
     was chunked."""
     target = SlotTarget(model.target, max_rows=4, keep_hidden=True)
     assert target.attention == "kernel"
-    prompt = _prompt(3, 200)
+    tokens = prompt(3, 200)
     # The largest forward the target takes: 200 tokens at once on the quantized kernel; the
     # float products' BLAS kernel is batch-invariant up to 128 rows.
     largest = min(200, target.max_prefill_tokens)
     whole = [largest] * (200 // largest) + ([200 % largest] if 200 % largest else [])
-    _assert_prefill_equals_decode(target, prompt, [whole, [7] * 28 + [4], [64, 64, 64, 8]])
+    _assert_prefill_equals_decode(target, tokens, [whole, [7] * 28 + [4], [64, 64, 64, 8]])
 
 
 def test_quantized_targets_with_the_kernel_prefill_hundreds_of_tokens_a_forward(model) -> None:
