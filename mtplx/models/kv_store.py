@@ -22,12 +22,15 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-__all__ = ["KV_STEP", "SHARED_CAPACITY", "KVStore", "LayerKV"]
+__all__ = ["KV_STEP", "SHARED_CAPACITY", "SLOT_STEP", "KVStore", "LayerKV"]
 
 # Capacity grows in steps of this many positions (mlx-lm's KVCache step).
 KV_STEP = 256
 # The longest the shared store grows; longer rows get stores of their own.
 SHARED_CAPACITY = 4 * KV_STEP
+# The shared store's slots grow in steps of this many, with the highest slot in use: a
+# server that runs one conversation holds one step of slots, not its whole batch's.
+SLOT_STEP = 4
 
 
 @dataclass
@@ -84,9 +87,25 @@ class KVStore:
                 self.hidden = mx.concatenate([self.hidden, hidden_zeros], axis=1)
         self.capacity = capacity
 
-    def free(self) -> None:
-        """Drop the arrays (the next ``ensure`` allocates afresh)."""
+    def ensure_slots(self, num_slots: int) -> None:
+        """Grow to at least ``num_slots`` slots; the slots held keep their states (the new
+        ones are zeros, at the store's capacity)."""
+        if num_slots <= self.num_slots:
+            return
+        extra = num_slots - self.num_slots
+        for layer in self.layers:
+            layer.keys = _append_zeros(layer.keys, extra, axis=0)
+            layer.values = _append_zeros(layer.values, extra, axis=0)
+        if self.hidden is not None:
+            self.hidden = _append_zeros(self.hidden, extra, axis=0)
+        self.num_slots = num_slots
+
+    def free(self, num_slots: int | None = None) -> None:
+        """Drop the arrays (the next ``ensure`` allocates afresh), with ``num_slots`` slots
+        from then on when given."""
         self.layers, self.hidden, self.capacity = [], None, 0
+        if num_slots is not None:
+            self.num_slots = num_slots
 
     def copy_slot(self, source: KVStore, slot: int, into: int, length: int) -> None:
         """Copy the first ``length`` positions of ``source``'s slot ``slot`` into this store's
@@ -105,3 +124,10 @@ class KVStore:
         """Bytes the store's arrays hold."""
         total = sum(layer.keys.nbytes + layer.values.nbytes for layer in self.layers)
         return total + (0 if self.hidden is None else self.hidden.nbytes)
+
+
+def _append_zeros(array: mx.array, count: int, axis: int) -> mx.array:
+    """``array`` with ``count`` zero entries appended along ``axis``."""
+    shape = list(array.shape)
+    shape[axis] = count
+    return mx.concatenate([array, mx.zeros(shape, array.dtype)], axis=axis)

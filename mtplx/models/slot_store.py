@@ -22,7 +22,7 @@ import mlx.core as mx
 
 from mtplx.arrays import scalar_int
 from mtplx.blas_shim import INVARIANT_MAX_ROWS
-from mtplx.models.kv_store import KV_STEP, KVStore
+from mtplx.models.kv_store import KV_STEP, SLOT_STEP, KVStore
 from mtplx.models.quantized import activation_dtype
 from mtplx.models.slot_layout import SlotRow, token_shifts
 
@@ -108,11 +108,15 @@ class SlotStores:
             del self._live[row.slot]
             self._free.append(row.slot)
             row.slot = -1
-        if not self._live and self._shared.capacity > IDLE_CAPACITY:
-            # The shared store grows every slot to the longest row it holds and never
-            # shrinks while rows run: once none is left, give that memory back (the next
-            # forward allocates afresh; saved prefix blocks are copies).
-            self._shared.free()
+        idle_slots = self._initial_slots()
+        if not self._live and (
+            self._shared.capacity > IDLE_CAPACITY or self._shared.num_slots > idle_slots
+        ):
+            # The shared store grows every slot to the longest row it holds, and its slots
+            # to the highest one in use, and never shrinks while rows run: once none is
+            # left, give that memory back (the next forward allocates afresh; saved prefix
+            # blocks are copies).
+            self._shared.free(idle_slots)
             freed = True
         if freed:
             _return_freed_memory()
@@ -192,6 +196,8 @@ class SlotStores:
         hidden = mx.concatenate([state.hidden for state in states])
         start, end = row.length, row.length + hidden.shape[0]
         self._place(row, end)
+        if not row.private:
+            self._hold_slots([row.slot])
         store, index = self._store_of(row)
         store.ensure(end)
         for number, layer in enumerate(store.layers):
@@ -219,8 +225,20 @@ class SlotStores:
         if store is None:
             store = self._private[row.slot] = self._new_store(1)
             store.ensure(needed)
-            store.copy_slot(self._shared, row.slot, 0, min(row.length, self._shared.capacity))
+            if row.slot < self._shared.num_slots:
+                held = min(row.length, self._shared.capacity)
+                store.copy_slot(self._shared, row.slot, 0, held)
         store.ensure(needed, min_growth=store.capacity // 4)
+
+    def _initial_slots(self) -> int:
+        """The shared store's slots before any grows it (``SLOT_STEP``, at most max_rows)."""
+        return min(self.max_rows, SLOT_STEP)
+
+    def _hold_slots(self, slots: Sequence[int]) -> None:
+        """Grow the shared store's slots (in SLOT_STEPs, at most max_rows) to hold these."""
+        if slots:
+            wanted = -(-(max(slots) + 1) // SLOT_STEP) * SLOT_STEP
+            self._shared.ensure_slots(min(self.max_rows, wanted))
 
     def _store_of(self, row: SlotRow) -> tuple[KVStore, int]:
         """The store holding the row's KV and the row's slot index in it."""

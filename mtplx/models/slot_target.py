@@ -69,7 +69,8 @@ class SlotTarget(SlotStores, SlotLayers):
         self._live: dict[int, SlotRow] = {}  # slot -> its row
         # Rows longer than this keep their KV in a store of their own (``mtplx.models.kv_store``).
         self.shared_capacity = SHARED_CAPACITY
-        self._shared = self._new_store(max_rows)  # every slot, up to shared_capacity long
+        # The slots in use (grown with the highest one), up to shared_capacity long.
+        self._shared = self._new_store(self._initial_slots())
         self._private = {}  # slot -> the store of a row past it
         # An attention product has (heads / kv heads) x (queries) rows: queries go in blocks
         # that keep it within the invariant kernel, like every matmul of a forward of at
@@ -168,6 +169,7 @@ class SlotTarget(SlotStores, SlotLayers):
                 [live.length for live in self._live.values() if not live.private]
                 + [r.length + c for r, c in zip(rows, counts, strict=True) if not r.private]
             )
+            self._hold_slots([row.slot for row in rows if not row.private])
             self._shared.ensure(needed + max(shared))
         groups, start, lo = [], 0, 0
         while lo < len(rows):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
+from mtplx.models.kv_store import SLOT_STEP
 from mtplx.models.slot_store import IDLE_CAPACITY
 from mtplx.models.slot_target import SlotTarget
 from tests.models.slots import fed_rows, prompt
@@ -82,3 +83,30 @@ def test_a_long_row_moves_to_a_store_of_its_own_with_the_same_bits(model) -> Non
         assert mx.array_equal(getattr(saved[0], name), getattr(saved[1], name)).item()
     split.release(long_row)
     assert not split._private
+
+
+def test_the_shared_store_grows_its_slots_with_the_rows_in_use(model) -> None:
+    """One row holds one step of slots, not max_rows of them; a row that takes a higher slot
+    grows the store without changing a bit of the rows already in it; an idle store goes
+    back to one step."""
+    target = SlotTarget(model.target, max_rows=12)
+    reference = SlotTarget(model.target, max_rows=12)
+    reference._shared.ensure_slots(12)  # every slot from the start, as a fixed-size store
+    rows = {id(t): fed_rows(t, [30, 20]) for t in (target, reference)}
+    assert target._shared.num_slots == SLOT_STEP
+    assert target.kv_nbytes * 3 == reference.kv_nbytes
+    for t in (target, reference):  # slots 2..6 taken, the last one fed: the store grows
+        rows[id(t)] += [t.new_row() for _ in range(5)]
+        mx.eval(t.forward([rows[id(t)][-1]], [prompt(6, 12)], "last")[0].logits)
+    assert target._shared.num_slots == 2 * SLOT_STEP
+    for t in (target, reference):
+        rows[id(t)] = [rows[id(t)][0], rows[id(t)][1], rows[id(t)][-1]]
+    outputs = [
+        t.forward(rows[id(t)], [mx.array([5, 6]), mx.array([7]), mx.array([8, 9, 10])])
+        for t in (target, reference)
+    ]
+    for mine, theirs in zip(*outputs, strict=True):
+        assert mx.array_equal(mine.logits, theirs.logits).item()
+    for row in list(target._live.values()):
+        target.release(row)
+    assert target._shared.num_slots == SLOT_STEP and not target._shared.layers
