@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -27,11 +27,14 @@ from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
+from mtplx import fused_layer
 from mtplx.blas_shim import INVARIANT_MAX_ROWS
 from mtplx.lazy_cache import LazyKVCache
 from mtplx.models.base import forward_each
 from mtplx.models.checkpoint import MTPTensors, text_config
+from mtplx.models.compiled_layer import CompiledLayer
 from mtplx.models.families import NATIVE_NEXTN, strip_nextn_prefix
+from mtplx.models.quantized import InvariantQuantizedLinear, QuantWeight, weight_of
 from mtplx.models.target import Trunk
 from mtplx.models.weights import MTPWeightError, load_checked, stack_experts
 
@@ -68,6 +71,22 @@ class NextNHead:
         self.module = module
         self.index = index
         self.trunk = trunk
+        # Run the decoder layer on the trunk's fused kernels where they serve it (decided on
+        # first use: the loader quantizes the head after building it). False runs mlx-lm's
+        # layer, e.g. to compare the two.
+        self.fuses_layer = True
+        self._fused: _FusedLayer | None = None
+        self._fused_checked = False
+
+    def fused_parts(self) -> _FusedLayer | None:
+        """The layer's fused-kernel parts, None where they do not serve it (see
+        ``_FusedLayer``) or ``fuses_layer`` is off."""
+        if not self.fuses_layer:
+            return None
+        if not self._fused_checked:
+            self._fused = _fuse_head_layer(self.module.layers[self.index])
+            self._fused_checked = True
+        return self._fused
 
     def make_cache(self) -> list[Any]:
         """One KV cache for the head's attention layer."""
@@ -85,8 +104,12 @@ class NextNHead:
         m = self.module
         embedded = m.pre_fc_norm_embedding(self.trunk.embed(next_tokens))
         x = m.fc(mx.concatenate([embedded, m.pre_fc_norm_hidden(hidden)], axis=-1))
-        mask = create_attention_mask(x, cache[0])
-        x = m.layers[self.index](x, mask, cache[0])
+        fused = self.fused_parts()
+        if fused is not None and x.shape[0] == 1:
+            x = _fused_rows(fused, m.layers[self.index], x, [int(x.shape[1])], [cache])
+        else:
+            mask = create_attention_mask(x, cache[0])
+            x = m.layers[self.index](x, mask, cache[0])
         out = m.norm(x)
         logits = m.lm_head(out) if "lm_head" in m else self.trunk.lm_head(out)
         return logits, out
@@ -121,9 +144,13 @@ class NextNHead:
         embedded = m.pre_fc_norm_embedding(self.trunk.embed(tokens))
         normed = m.pre_fc_norm_hidden(mx.concatenate(hidden, axis=1))
         x = m.fc(mx.concatenate([embedded, normed], axis=-1))  # [1, N, H]
-        attended = _attention_rows(layer.self_attn, layer.input_layernorm(x), sizes, caches)
-        h = x + attended
-        x = h + layer.mlp(layer.post_attention_layernorm(h))
+        fused = self.fused_parts()
+        if fused is not None:
+            x = _fused_rows(fused, layer, x, sizes, caches)
+        else:
+            attended = _attention_rows(layer.self_attn, layer.input_layernorm(x), sizes, caches)
+            h = x + attended
+            x = h + layer.mlp(layer.post_attention_layernorm(h))
         out = m.norm(x)
         logits = m.lm_head(out) if "lm_head" in m else self.trunk.lm_head(out)
         bounds = list(itertools.accumulate(sizes, initial=0))
@@ -185,6 +212,124 @@ def _attention_rows(
         outputs.append(out.transpose(0, 2, 1, 3).reshape(1, size, -1))
         start = end
     return attn.o_proj(mx.concatenate(outputs, axis=1))
+
+
+class _FusedLayer(NamedTuple):
+    """A head's llama layer as the trunk's fused kernels run it (``mtplx.fused_layer``):
+    ``before`` (input norm, the fused q/k/v product, RoPE) and ``after`` (o_proj, residual,
+    post-attention norm, fused gate/up, SwiGLU, down, residual) give mlx-lm's layer's bits
+    in two graph nodes instead of ~80; attention over the head's own cache stays mlx-lm's."""
+
+    qkv: QuantWeight  # [q | k | v] rows
+    o_proj: QuantWeight
+    gate_up: QuantWeight  # [gate | up] rows
+    down: QuantWeight
+    compiled: CompiledLayer  # its ``rope_tables``: the RoPE angles of the fed positions
+
+
+def _fuse_head_layer(layer: nn.Module) -> _FusedLayer | None:
+    """The fused-kernel parts of a head's layer, or None unless the kernels serve here (CPU,
+    extension built) and the layer is mlx-lm's llama block with every projection on the
+    quantized kernel, no biases, and mlx's plain RoPE (what the trunk's fused path takes)."""
+    if not _packs(layer) or not fused_layer.available():
+        return None
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = (
+        attn.q_proj,
+        attn.k_proj,
+        attn.v_proj,
+        attn.o_proj,
+        mlp.gate_proj,
+        mlp.up_proj,
+        mlp.down_proj,
+    )
+    if not all(type(p) is InvariantQuantizedLinear and "bias" not in p for p in projections):
+        return None
+    # Imported here: the batched target's module imports the model families, this one among
+    # them. ``_fuse`` stacks q/k/v and gate/up as the trunk's layers are (exact: output rows
+    # are quantized independently) and leaves the modules on views of the stacked arrays.
+    from mtplx.models.batched import _fuse
+
+    fused = _fuse(layer)
+    if fused is None:
+        return None
+    compiled = CompiledLayer.for_trunk([layer], [fused])
+    o_proj, down = weight_of(attn.o_proj), weight_of(mlp.down_proj)
+    if (
+        compiled is None
+        or not compiled.hoists_rope
+        or not isinstance(fused.qkv, QuantWeight)
+        or not isinstance(fused.gate_up, QuantWeight)
+        or not isinstance(o_proj, QuantWeight)
+        or not isinstance(down, QuantWeight)
+    ):
+        return None
+    return _FusedLayer(fused.qkv, o_proj, fused.gate_up, down, compiled)
+
+
+def _positions(cache: Any, size: int) -> mx.array:
+    """[size] int32: the positions of a row's next ``size`` entries (the cache's offset is
+    an int, or a lazy [] int32 in a ``LazyKVCache``)."""
+    return cache.offset + mx.arange(size, dtype=mx.int32)
+
+
+def _fused_rows(
+    parts: _FusedLayer,
+    layer: llama.TransformerBlock,
+    x: mx.array,
+    sizes: list[int],
+    caches: list[list[Any]],
+) -> mx.array:
+    """mlx-lm's llama layer over packed rows x [1, N, H] -> [1, N, H], its halves on the fused
+    kernels: q / k / v of every token in one ``before`` (each roped at its own row's
+    position), each row's cache and attention alone in mlx-lm's ops (as
+    ``_attention_rows``), then one ``after``."""
+    attn = layer.self_attn
+    norm = layer.input_layernorm
+    positions = [_positions(cache[0], size) for size, cache in zip(sizes, caches, strict=True)]
+    cos, sin = parts.compiled.rope_tables(
+        mx.concatenate(positions) if len(positions) > 1 else positions[0]
+    )
+    queries, keys, values = fused_layer.before(
+        x,
+        norm.weight,
+        parts.qkv,
+        cos,
+        sin,
+        attn.n_heads,
+        attn.n_kv_heads,
+        attn.head_dim,
+        attn.rope.dims,
+        norm.eps,
+    )  # [N, heads, d], [N, kv_heads, d] x 2
+    outputs = []
+    start = 0
+    for size, cache in zip(sizes, caches, strict=True):
+        end = start + size
+        q, k, v = queries, keys, values
+        if len(sizes) > 1:
+            q, k, v = q[start:end], k[start:end], v[start:end]
+        q = q.reshape(1, size, attn.n_heads, -1).transpose(0, 2, 1, 3)
+        k = k.reshape(1, size, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = v.reshape(1, size, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        layer_cache = cache[0]
+        mask = create_attention_mask(x[:, start:end] if len(sizes) > 1 else x, layer_cache)
+        k, v = layer_cache.update_and_fetch(k, v)
+        out = scaled_dot_product_attention(
+            q, k, v, cache=layer_cache, scale=attn.scale, mask=mask
+        )  # [1, heads, T_i, d]
+        outputs.append(out.transpose(0, 2, 1, 3).reshape(size, -1))
+        start = end
+    post = layer.post_attention_layernorm
+    return fused_layer.after(
+        x,
+        mx.concatenate(outputs) if len(outputs) > 1 else outputs[0],
+        parts.o_proj,
+        post.weight,
+        parts.gate_up,
+        parts.down,
+        post.eps,
+    )
 
 
 def build_nextn_heads(
