@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import mlx.core as mx
@@ -34,7 +35,14 @@ from mtplx.models.base import forward_each
 from mtplx.models.checkpoint import MTPTensors, text_config
 from mtplx.models.compiled_layer import CompiledLayer
 from mtplx.models.families import NATIVE_NEXTN, strip_nextn_prefix
-from mtplx.models.quantized import InvariantQuantizedLinear, QuantWeight, weight_of
+from mtplx.models.quantized import (
+    InvariantQuantizedLinear,
+    QuantWeight,
+    linear_kind,
+    weight_arrays,
+    weight_kind,
+    weight_of,
+)
 from mtplx.models.target import Trunk
 from mtplx.models.weights import MTPWeightError, load_checked, stack_experts
 
@@ -75,16 +83,16 @@ class NextNHead:
         # first use: the loader quantizes the head after building it). False runs mlx-lm's
         # layer, e.g. to compare the two.
         self.fuses_layer = True
-        self._fused: _FusedLayer | None = None
+        self._fused: _FusedHead | None = None
         self._fused_checked = False
 
-    def fused_parts(self) -> _FusedLayer | None:
-        """The layer's fused-kernel parts, None where they do not serve it (see
-        ``_FusedLayer``) or ``fuses_layer`` is off."""
+    def fused_parts(self) -> _FusedHead | None:
+        """The head's fused parts, None where they do not serve it (see ``_FusedHead``) or
+        ``fuses_layer`` is off."""
         if not self.fuses_layer:
             return None
         if not self._fused_checked:
-            self._fused = _fuse_head_layer(self.module.layers[self.index])
+            self._fused = _fuse_head(self.module, self.index, self.trunk)
             self._fused_checked = True
         return self._fused
 
@@ -101,15 +109,14 @@ class NextNHead:
         self, hidden: mx.array, next_tokens: mx.array, cache: list[Any]
     ) -> tuple[mx.array, mx.array]:
         """hidden [B, T, H], next_tokens [B, T] -> (logits [B, T, V'], hidden [B, T, H])."""
+        fused = self.fused_parts()
+        if fused is not None and hidden.shape[0] == 1:
+            return self._forward_fused(fused, [hidden], [next_tokens], [cache])[0]
         m = self.module
         embedded = m.pre_fc_norm_embedding(self.trunk.embed(next_tokens))
         x = m.fc(mx.concatenate([embedded, m.pre_fc_norm_hidden(hidden)], axis=-1))
-        fused = self.fused_parts()
-        if fused is not None and x.shape[0] == 1:
-            x = _fused_rows(fused, m.layers[self.index], x, [int(x.shape[1])], [cache])
-        else:
-            mask = create_attention_mask(x, cache[0])
-            x = m.layers[self.index](x, mask, cache[0])
+        mask = create_attention_mask(x, cache[0])
+        x = m.layers[self.index](x, mask, cache[0])
         out = m.norm(x)
         logits = m.lm_head(out) if "lm_head" in m else self.trunk.lm_head(out)
         return logits, out
@@ -137,6 +144,9 @@ class NextNHead:
         self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
     ) -> list[tuple[mx.array, mx.array]]:
         """``forward_rows`` of rows whose tokens together fit the products' row limit."""
+        fused = self.fused_parts()
+        if fused is not None:
+            return self._forward_fused(fused, hidden, next_tokens, caches)
         m = self.module
         layer = m.layers[self.index]
         sizes = [int(t.shape[1]) for t in next_tokens]
@@ -144,17 +154,40 @@ class NextNHead:
         embedded = m.pre_fc_norm_embedding(self.trunk.embed(tokens))
         normed = m.pre_fc_norm_hidden(mx.concatenate(hidden, axis=1))
         x = m.fc(mx.concatenate([embedded, normed], axis=-1))  # [1, N, H]
-        fused = self.fused_parts()
-        if fused is not None:
-            x = _fused_rows(fused, layer, x, sizes, caches)
-        else:
-            attended = _attention_rows(layer.self_attn, layer.input_layernorm(x), sizes, caches)
-            h = x + attended
-            x = h + layer.mlp(layer.post_attention_layernorm(h))
+        attended = _attention_rows(layer.self_attn, layer.input_layernorm(x), sizes, caches)
+        h = x + attended
+        x = h + layer.mlp(layer.post_attention_layernorm(h))
         out = m.norm(x)
         logits = m.lm_head(out) if "lm_head" in m else self.trunk.lm_head(out)
-        bounds = list(itertools.accumulate(sizes, initial=0))
-        return [(logits[:, a:b], out[:, a:b]) for a, b in itertools.pairwise(bounds)]
+        return _split(logits, out, sizes)
+
+    def _forward_fused(
+        self,
+        fused: _FusedHead,
+        hidden: list[mx.array],
+        next_tokens: list[mx.array],
+        caches: list[list[Any]],
+    ) -> list[tuple[mx.array, mx.array]]:
+        """``_forward_packed`` (one row or several) through the fused parts: the same ops
+        and bits, a few graph nodes for the fc input, the layer and the output each."""
+        m = self.module
+        sizes = [int(t.shape[1]) for t in next_tokens]
+        tokens = mx.concatenate(next_tokens, axis=1) if len(sizes) > 1 else next_tokens[0]
+        states = mx.concatenate(hidden, axis=1) if len(sizes) > 1 else hidden[0]
+        x = fused.into(tokens, states)  # [1, N, H]
+        x = _fused_rows(fused, m.layers[self.index], x, sizes, caches)
+        logits, out = fused.out(x)
+        if logits is None:  # the trunk's head (a tied embedding, or its own lm_head)
+            logits = self.trunk.lm_head(out)
+        return _split(logits, out, sizes)
+
+
+def _split(logits: mx.array, out: mx.array, sizes: list[int]) -> list[tuple[mx.array, mx.array]]:
+    """Packed [1, N, ...] outputs -> each row's (logits, hidden)."""
+    if len(sizes) == 1:
+        return [(logits, out)]
+    bounds = list(itertools.accumulate(sizes, initial=0))
+    return [(logits[:, a:b], out[:, a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 def _packed(
@@ -214,23 +247,36 @@ def _attention_rows(
     return attn.o_proj(mx.concatenate(outputs, axis=1))
 
 
-class _FusedLayer(NamedTuple):
-    """A head's llama layer as the trunk's fused kernels run it (``mtplx.fused_layer``):
-    ``before`` (input norm, the fused q/k/v product, RoPE) and ``after`` (o_proj, residual,
-    post-attention norm, fused gate/up, SwiGLU, down, residual) give mlx-lm's layer's bits
-    in two graph nodes instead of ~80; attention over the head's own cache stays mlx-lm's."""
+class _FusedHead(NamedTuple):
+    """A head step as the trunk's quantized CPU path runs its layers: the decoder layer's
+    halves on the fused kernels (``mtplx.fused_layer``: ``before`` = input norm, the fused
+    q/k/v product, RoPE; ``after`` = o_proj, residual, post-attention norm, fused gate/up,
+    SwiGLU, down, residual), attention over the head's own cache in mlx-lm's ops, and the
+    norms, fc and head projection around it compiled (``into``, ``out``): mlx-lm's bits in
+    ~60 graph nodes instead of ~220."""
 
     qkv: QuantWeight  # [q | k | v] rows
     o_proj: QuantWeight
     gate_up: QuantWeight  # [gate | up] rows
     down: QuantWeight
     compiled: CompiledLayer  # its ``rope_tables``: the RoPE angles of the fed positions
+    # (tokens [1, N], hidden [1, N, H]) -> fc(concat(norm_e(embed(tokens)), norm_h(hidden)))
+    into: Callable[[mx.array, mx.array], mx.array]
+    # x [1, N, H] -> (logits [1, N, V'] or None for the trunk's head, norm(x) [1, N, H])
+    out: Callable[[mx.array], tuple[mx.array | None, mx.array]]
 
 
-def _fuse_head_layer(layer: nn.Module) -> _FusedLayer | None:
-    """The fused-kernel parts of a head's layer, or None unless the kernels serve here (CPU,
-    extension built) and the layer is mlx-lm's llama block with every projection on the
-    quantized kernel, no biases, and mlx's plain RoPE (what the trunk's fused path takes)."""
+def _plain(module: Any) -> bool:
+    """A bias-free float or kernel-quantized linear layer."""
+    return type(module) in (nn.Linear, InvariantQuantizedLinear) and "bias" not in module
+
+
+def _fuse_head(module: NextNModule, index: int, trunk: Trunk) -> _FusedHead | None:
+    """The fused parts of head ``index``, or None unless the kernels serve here (CPU,
+    extension built), its layer is mlx-lm's llama block with every projection on the
+    quantized kernel, no biases, and mlx's plain RoPE (what the trunk's fused path takes),
+    and its norms, fc and own head (if any) are plain RMSNorm / linear layers."""
+    layer = module.layers[index]
     if not _packs(layer) or not fused_layer.available():
         return None
     attn, mlp = layer.self_attn, layer.mlp
@@ -244,6 +290,12 @@ def _fuse_head_layer(layer: nn.Module) -> _FusedLayer | None:
         mlp.down_proj,
     )
     if not all(type(p) is InvariantQuantizedLinear and "bias" not in p for p in projections):
+        return None
+    norms = (module.pre_fc_norm_embedding, module.pre_fc_norm_hidden, module.norm)
+    own_head = module.lm_head if "lm_head" in module else None
+    if any(type(n) is not nn.RMSNorm for n in norms) or not _plain(module.fc):
+        return None
+    if own_head is not None and not _plain(own_head):
         return None
     # Imported here: the batched target's module imports the model families, this one among
     # them. ``_fuse`` stacks q/k/v and gate/up as the trunk's layers are (exact: output rows
@@ -264,7 +316,56 @@ def _fuse_head_layer(layer: nn.Module) -> _FusedLayer | None:
         or not isinstance(down, QuantWeight)
     ):
         return None
-    return _FusedLayer(fused.qkv, o_proj, fused.gate_up, down, compiled)
+    into, out = _compiled_ends(module, trunk)
+    return _FusedHead(fused.qkv, o_proj, fused.gate_up, down, compiled, into, out)
+
+
+def _compiled_ends(
+    module: NextNModule, trunk: Trunk
+) -> tuple[
+    Callable[[mx.array, mx.array], mx.array],
+    Callable[[mx.array], tuple[mx.array | None, mx.array]],
+]:
+    """The head step's ops before its layer (embedding lookup, the two norms, fc) and after it
+    (norm, the head's own LM head), compiled: the same ops in the same order (MLX's fusion of
+    elementwise ops changes no bits), a few graph nodes instead of ~60. The trunk's
+    embedding is read as the compiled function's constant; the head's weights are its
+    arguments."""
+    norm_e, norm_h, norm = module.pre_fc_norm_embedding, module.pre_fc_norm_hidden, module.norm
+    fc = weight_of(module.fc)
+    head = weight_of(module.lm_head) if "lm_head" in module else None
+    fc_kind, head_kind = weight_kind(fc), None if head is None else weight_kind(head)
+
+    def into(
+        tokens: mx.array, hidden: mx.array, w_e: mx.array, w_h: mx.array, fc_arrays: Any
+    ) -> mx.array:
+        joined = mx.concatenate(
+            [
+                mx.fast.rms_norm(trunk.embed(tokens), w_e, norm_e.eps),
+                mx.fast.rms_norm(hidden, w_h, norm_h.eps),
+            ],
+            axis=-1,
+        )
+        return linear_kind(joined, fc_arrays, fc_kind)
+
+    def out(x: mx.array, w: mx.array, head_arrays: Any) -> tuple[mx.array, mx.array]:
+        normed = mx.fast.rms_norm(x, w, norm.eps)
+        return linear_kind(normed, head_arrays, head_kind), normed
+
+    compiled_into = mx.compile(into)
+    compiled_out = mx.compile(out)
+    compiled_norm = mx.compile(lambda x, w: mx.fast.rms_norm(x, w, norm.eps))
+
+    def step_in(tokens: mx.array, hidden: mx.array) -> mx.array:
+        return compiled_into(tokens, hidden, norm_e.weight, norm_h.weight, weight_arrays(fc))
+
+    def step_out(x: mx.array) -> tuple[mx.array | None, mx.array]:
+        if head is None:
+            return None, compiled_norm(x, norm.weight)
+        logits, normed = compiled_out(x, norm.weight, weight_arrays(head))
+        return logits, normed
+
+    return step_in, step_out
 
 
 def _positions(cache: Any, size: int) -> mx.array:
@@ -274,7 +375,7 @@ def _positions(cache: Any, size: int) -> mx.array:
 
 
 def _fused_rows(
-    parts: _FusedLayer,
+    parts: _FusedHead,
     layer: llama.TransformerBlock,
     x: mx.array,
     sizes: list[int],
