@@ -376,7 +376,7 @@ def _positions(cache: Any, size: int) -> mx.array:
 
 def _fused_rows(
     parts: _FusedHead,
-    layer: llama.TransformerBlock,
+    layer: Any,
     x: mx.array,
     sizes: list[int],
     caches: list[list[Any]],
