@@ -83,7 +83,12 @@ class DraftSampler:
             small = mx_distribution_from_logits(
                 logits[None], self.config, counts, small_mask
             )  # [1, V']
-            index = self._draw(small)
+            if self.config.is_greedy and counts is None and small_mask is None:
+                # The one-hot's argmax is the logits' own (their first maximum): the token
+                # without the one-hot's graph nodes, which only q reads.
+                index = mx.argmax(logits.astype(mx.float32))
+            else:
+                index = self._draw(small)
             token = self.draft_vocab[index].astype(mx.int32)
             q = mx.zeros((self.vocab_size,), mx.float32)
             q[self.draft_vocab] = small[0]
