@@ -13,6 +13,7 @@ import pytest
 from mtplx.drafters.base import DraftSampler
 from mtplx.drafters.mtp import MTPDrafter
 from mtplx.models import LoadedModel, load
+from mtplx.models.fused_head import fuse_head
 from mtplx.sampling import SamplerConfig
 from tests.fixtures.variants import quantize_checkpoint
 
@@ -26,14 +27,14 @@ def model(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> LoadedModel:
     """The tiny llama + generic head; ``q4``: its trunk quantized, so the head is served
-    8-bit and runs on the fused kernels (``NextNHead.fused_parts``)."""
+    8-bit and runs on the fused kernels (``mtplx.models.fused_head``)."""
     if request.param == "float32":
         return load(llama_mtp_checkpoint)
     directory = tmp_path_factory.mktemp("mtp_q4") / "model"
     shutil.copytree(llama_mtp_checkpoint, directory)
     quantize_checkpoint(directory, bits=4, group_size=64)
     loaded = load(directory)
-    assert loaded.mtp_heads[0].fused_parts() is not None
+    assert fuse_head(loaded.mtp_heads[0])  # as the drafters do: the head alone too
     return loaded
 
 

@@ -1,5 +1,5 @@
-"""The generic MTP head on the fused CPU kernels (``NextNHead.fused_parts``): where the head is
-served quantized on the CPU its llama layer runs on the trunk's fused halves and the ops
+"""The generic MTP head on the fused CPU kernels (``mtplx.models.fused_head``): where the head
+is served quantized on the CPU its llama layer runs on the trunk's fused halves and the ops
 around it compiled, and every output is bitwise what mlx-lm's layer gives -- one row, many
 rows packed, a depth-3 draft chain -- in a fraction of the graph nodes."""
 
@@ -19,6 +19,7 @@ from mtplx.drafters.base import DraftSampler
 from mtplx.drafters.mtp import MTPDrafter
 from mtplx.lazy_cache import LazyKVCache
 from mtplx.models import LoadedModel, load
+from mtplx.models.fused_head import fuse_head
 from mtplx.models.mtp_nextn import NextNHead
 from mtplx.sampling import SamplerConfig
 from tests.fixtures.checkpoints import build_checkpoint
@@ -35,7 +36,9 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     draft_vocab = 128 if request.param.endswith("draft-vocab") else None
     build_checkpoint("llama_mtp", directory, draft_vocab=draft_vocab)
     quantize_checkpoint(directory, bits=int(request.param[1]), group_size=64)
-    return load(directory)
+    loaded = load(directory)
+    fuse_head(loaded.mtp_heads[0])
+    return loaded
 
 
 def _head(model: LoadedModel) -> NextNHead:
@@ -70,20 +73,23 @@ def _run(head: NextNHead, fused: bool, fn: Any) -> Any:
 
 
 def test_the_quantized_head_runs_fused(model: LoadedModel) -> None:
-    """On the CPU with the kernels built, the 8-bit head takes the fused path; switched off,
-    it does not."""
+    """On the CPU with the kernels built, the 8-bit head takes the fused path (the MTP
+    drafter fuses the head it drafts with); switched off, it does not."""
     head = _head(model)
     assert fused_layer.available()
     assert head.fused_parts() is not None
+    assert MTPDrafter(model).head is head and fuse_head(head)
     head.fuses_layer = False
     assert head.fused_parts() is None
     head.fuses_layer = True
 
 
 def test_a_float_head_keeps_mlx_lm_layer(llama_mtp_checkpoint: Path) -> None:
-    """A float32 head (its trunk float32) has no fused parts: the kernels take quantized
+    """A float32 head (its trunk float32) gets no fused parts: the kernels take quantized
     weights only."""
-    assert _head(load(llama_mtp_checkpoint)).fused_parts() is None
+    head = _head(load(llama_mtp_checkpoint))
+    assert not fuse_head(head)
+    assert head.fused_parts() is None
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["kv-cache", "lazy-cache"])
