@@ -52,7 +52,10 @@ class DraftSampler:
         self.masks: list[mx.array] = []  # [V] bool, the grammar mask of each valid position
         self.num_valid = 0  # draft tokens the grammar allowed, in a row (all without one)
         self._ended = False
-        self._draft_ids = None if draft_vocab is None else np.array(draft_vocab)
+        # The draft vocabulary on the host, for grammar masks only (a copy a cycle otherwise).
+        self._draft_ids: np.ndarray | None = None
+        if draft_vocab is not None and grammar is not None:
+            self._draft_ids = np.array(draft_vocab)
 
     def _grammar_mask(self) -> mx.array | None:
         """[V] bool mask for the next draft position; None without a grammar or once the
@@ -80,7 +83,12 @@ class DraftSampler:
             small = mx_distribution_from_logits(
                 logits[None], self.config, counts, small_mask
             )  # [1, V']
-            index = self._draw(small)
+            if self.config.is_greedy and counts is None and small_mask is None:
+                # The one-hot's argmax is the logits' own (their first maximum): the token
+                # without the one-hot's graph nodes, which only q reads.
+                index = mx.argmax(logits.astype(mx.float32))
+            else:
+                index = self._draw(small)
             token = self.draft_vocab[index].astype(mx.int32)
             q = mx.zeros((self.vocab_size,), mx.float32)
             q[self.draft_vocab] = small[0]

@@ -20,6 +20,7 @@ import mlx.core as mx
 from mtplx import cache as cache_ops
 from mtplx.drafters.base import Drafter, DraftSampler, OneSource
 from mtplx.models.base import LoadedModel, MTPHead
+from mtplx.models.fused_head import fuse_head
 
 
 class MTPDrafter(OneSource):
@@ -32,6 +33,7 @@ class MTPDrafter(OneSource):
         if not model.mtp_heads:
             raise ValueError(f"drafter 'mtp' needs MTP heads, and {model.path} has none")
         self.head: MTPHead = model.mtp_heads[0]
+        fuse_head(self.head)  # its step on the fused kernels where they serve it (same bits)
         self.draft_vocab = model.draft_vocab
         self.commits_lazily = self.head.make_lazy_cache() is not None
         self.cache: list[Any] = []

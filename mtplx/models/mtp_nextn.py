@@ -67,6 +67,17 @@ class NextNHead:
         self.module = module
         self.index = index
         self.trunk = trunk
+        # The head step on the trunk's fused kernels (``mtplx.models.fused_head.fuse_head``
+        # sets it where they serve the head; the MTP drafter does). ``fuses_layer`` False
+        # runs mlx-lm's layer, e.g. to compare the two.
+        self.fused: Any = None
+        self.fuse_checked = False  # whether ``fuse_head`` has looked at this head
+        self.fuses_layer = True
+
+    def fused_parts(self) -> Any:
+        """The head's fused parts (``mtplx.models.fused_head.FusedHead``), None where none
+        were set or ``fuses_layer`` is off."""
+        return self.fused if self.fuses_layer else None
 
     def make_cache(self) -> list[Any]:
         """One KV cache for the head's attention layer."""
@@ -81,6 +92,9 @@ class NextNHead:
         self, hidden: mx.array, next_tokens: mx.array, cache: list[Any]
     ) -> tuple[mx.array, mx.array]:
         """hidden [B, T, H], next_tokens [B, T] -> (logits [B, T, V'], hidden [B, T, H])."""
+        fused = self.fused_parts()
+        if fused is not None and hidden.shape[0] == 1:
+            return self._forward_fused(fused, [hidden], [next_tokens], [cache])[0]
         m = self.module
         embedded = m.pre_fc_norm_embedding(self.trunk.embed(next_tokens))
         x = m.fc(mx.concatenate([embedded, m.pre_fc_norm_hidden(hidden)], axis=-1))
@@ -107,6 +121,9 @@ class NextNHead:
         self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
     ) -> list[tuple[mx.array, mx.array]]:
         """``forward_rows`` of rows whose tokens together fit the products' row limit."""
+        fused = self.fused_parts()
+        if fused is not None:
+            return self._forward_fused(fused, hidden, next_tokens, caches)
         m = self.module
         layer = m.layers[self.index]
         sizes = [int(t.shape[1]) for t in next_tokens]
@@ -119,8 +136,35 @@ class NextNHead:
         x = h + layer.mlp(layer.post_attention_layernorm(h))
         out = m.norm(x)
         logits = m.lm_head(out) if "lm_head" in m else self.trunk.lm_head(out)
-        bounds = list(itertools.accumulate(sizes, initial=0))
-        return [(logits[:, a:b], out[:, a:b]) for a, b in itertools.pairwise(bounds)]
+        return _split(logits, out, sizes)
+
+    def _forward_fused(
+        self,
+        fused: Any,
+        hidden: list[mx.array],
+        next_tokens: list[mx.array],
+        caches: list[list[Any]],
+    ) -> list[tuple[mx.array, mx.array]]:
+        """``_forward_packed`` (one row or several) through the fused parts
+        (``mtplx.models.fused_head``): the same ops and bits in a few graph nodes each for
+        the fc input, the layer and the output."""
+        sizes = [int(t.shape[1]) for t in next_tokens]
+        tokens = mx.concatenate(next_tokens, axis=1) if len(sizes) > 1 else next_tokens[0]
+        states = mx.concatenate(hidden, axis=1) if len(sizes) > 1 else hidden[0]
+        x = fused.into(tokens, states)  # [1, N, H]
+        x = fused.layer(x, sizes, caches)
+        logits, out = fused.out(x)
+        if logits is None:  # the trunk's head (a tied embedding, or its own lm_head)
+            logits = self.trunk.lm_head(out)
+        return _split(logits, out, sizes)
+
+
+def _split(logits: mx.array, out: mx.array, sizes: list[int]) -> list[tuple[mx.array, mx.array]]:
+    """Packed [1, N, ...] outputs -> each row's (logits, hidden)."""
+    if len(sizes) == 1:
+        return [(logits, out)]
+    bounds = list(itertools.accumulate(sizes, initial=0))
+    return [(logits[:, a:b], out[:, a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 def _packs(layer: nn.Module) -> bool:

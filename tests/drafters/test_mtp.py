@@ -3,6 +3,7 @@ and each row's drafts (tokens and q) bitwise what it drafts alone."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,14 +13,29 @@ import pytest
 from mtplx.drafters.base import DraftSampler
 from mtplx.drafters.mtp import MTPDrafter
 from mtplx.models import LoadedModel, load
+from mtplx.models.fused_head import fuse_head
 from mtplx.sampling import SamplerConfig
+from tests.fixtures.variants import quantize_checkpoint
 
 NUM_ROWS = 16
 
 
-@pytest.fixture(scope="module")
-def model(llama_mtp_checkpoint: Path) -> LoadedModel:
-    return load(llama_mtp_checkpoint)
+@pytest.fixture(scope="module", params=["float32", "q4"])
+def model(
+    request: pytest.FixtureRequest,
+    llama_mtp_checkpoint: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> LoadedModel:
+    """The tiny llama + generic head; ``q4``: its trunk quantized, so the head is served
+    8-bit and runs on the fused kernels (``mtplx.models.fused_head``)."""
+    if request.param == "float32":
+        return load(llama_mtp_checkpoint)
+    directory = tmp_path_factory.mktemp("mtp_q4") / "model"
+    shutil.copytree(llama_mtp_checkpoint, directory)
+    quantize_checkpoint(directory, bits=4, group_size=64)
+    loaded = load(directory)
+    assert fuse_head(loaded.mtp_heads[0])  # as the drafters do: the head alone too
+    return loaded
 
 
 def _hidden(model: LoadedModel, row: int, count: int, salt: int) -> mx.array:

@@ -1,0 +1,245 @@
+"""The generic MTP head's step on the trunk's fused CPU kernels: same bits, fewer nodes.
+
+A head step over mlx-lm's llama layer is ~220 graph nodes on MLX's CPU backend (nine
+separate quantized products, five RMSNorms of ~6 ops each, RoPE in the layer, the quantized
+embedding lookup, attention, SwiGLU), as many as the whole fused trunk's forward, and every
+node costs dispatch on the engine thread. Where the head is served quantized on the CPU,
+``fuse_head`` gives it (``NextNHead.fused``):
+
+- its layer's halves on the fused kernels (``mtplx.fused_layer``: ``before`` = input norm,
+  fused q/k/v, RoPE; ``after`` = o_proj, residual, norm, fused gate/up, SwiGLU, down,
+  residual), with the trunk's own stacking of q/k/v and gate/up and its hoisted RoPE
+  angles; attention over the head's own cache stays mlx-lm's ops (the fused attention
+  kernel's vectorised ``exp`` would change the head's bits, and its drafts with them);
+- the ops before the layer (embedding lookup, the two input norms, fc) and after it (norm,
+  the head's own LM head) as two compiled functions.
+
+Every output is bitwise mlx-lm's layer's (``tests/test_models_fused_head.py``). It lives
+outside ``mtp_nextn`` so that the model loader's modules do not import the kernels' modules
+(which import the models package); the MTP drafter fuses the head it drafts with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
+
+from mtplx import fused_layer
+from mtplx.models.compiled_layer import CompiledLayer
+from mtplx.models.fused_projections import fuse_projections
+from mtplx.models.mtp_nextn import NextNHead, NextNModule, _packs
+from mtplx.models.quantized import (
+    InvariantQuantizedLinear,
+    QuantWeight,
+    linear_kind,
+    weight_arrays,
+    weight_kind,
+    weight_of,
+)
+from mtplx.models.target import Trunk
+
+__all__ = ["FusedHead", "fuse_head"]
+
+
+def fuse_head(head: Any) -> bool:
+    """Give a generic MTP head (``NextNHead``) its fused step where the kernels serve it
+    (see the module docstring); whether it has one. Idempotent; other heads are left as
+    they are."""
+    if not isinstance(head, NextNHead):
+        return False
+    if not head.fuse_checked:
+        head.fused = _fuse_head(head.module, head.index, head.trunk)
+        head.fuse_checked = True
+    return head.fused is not None
+
+
+class FusedHead(NamedTuple):
+    """A head step as the trunk's quantized CPU path runs its layers: the decoder layer's
+    halves on the fused kernels (``mtplx.fused_layer``: ``before`` = input norm, the fused
+    q/k/v product, RoPE; ``after`` = o_proj, residual, post-attention norm, fused gate/up,
+    SwiGLU, down, residual), attention over the head's own cache in mlx-lm's ops, and the
+    norms, fc and head projection around it compiled (``into``, ``out``): mlx-lm's bits in
+    ~90 graph nodes a step instead of ~220."""
+
+    qkv: QuantWeight  # [q | k | v] rows
+    o_proj: QuantWeight
+    gate_up: QuantWeight  # [gate | up] rows
+    down: QuantWeight
+    compiled: CompiledLayer  # its ``rope_tables``: the RoPE angles of the fed positions
+    # (tokens [1, N], hidden [1, N, H]) -> fc(concat(norm_e(embed(tokens)), norm_h(hidden)))
+    into: Callable[[mx.array, mx.array], mx.array]
+    # x [1, N, H] -> (logits [1, N, V'] or None for the trunk's head, norm(x) [1, N, H])
+    out: Callable[[mx.array], tuple[mx.array | None, mx.array]]
+    block: Any  # the head's mlx-lm llama layer (its norms' weights, attention settings)
+
+    def layer(self, x: mx.array, sizes: list[int], caches: list[list[Any]]) -> mx.array:
+        """The layer over packed rows x [1, N, H] -> [1, N, H] (``_fused_rows``)."""
+        return _fused_rows(self, self.block, x, sizes, caches)
+
+
+def _plain(module: Any) -> bool:
+    """A bias-free float or kernel-quantized linear layer."""
+    return type(module) in (nn.Linear, InvariantQuantizedLinear) and "bias" not in module
+
+
+def _fuse_head(module: NextNModule, index: int, trunk: Trunk) -> FusedHead | None:
+    """The fused parts of head ``index``, or None unless the kernels serve here (CPU,
+    extension built), its layer is mlx-lm's llama block with every projection on the
+    quantized kernel, no biases, and mlx's plain RoPE (what the trunk's fused path takes),
+    and its norms, fc and own head (if any) are plain RMSNorm / linear layers."""
+    layer = module.layers[index]
+    if not _packs(layer) or not fused_layer.available():
+        return None
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = (
+        attn.q_proj,
+        attn.k_proj,
+        attn.v_proj,
+        attn.o_proj,
+        mlp.gate_proj,
+        mlp.up_proj,
+        mlp.down_proj,
+    )
+    if not all(type(p) is InvariantQuantizedLinear and "bias" not in p for p in projections):
+        return None
+    norms = (module.pre_fc_norm_embedding, module.pre_fc_norm_hidden, module.norm)
+    own_head = module.lm_head if "lm_head" in module else None
+    if any(type(n) is not nn.RMSNorm for n in norms) or not _plain(module.fc):
+        return None
+    if own_head is not None and not _plain(own_head):
+        return None
+    # Stacks q/k/v and gate/up as the trunk's layers are (exact: output rows are quantized
+    # independently) and leaves the modules on views of the stacked arrays.
+    fused = fuse_projections(layer)
+    if fused is None:
+        return None
+    compiled = CompiledLayer.for_trunk([layer], [fused])
+    o_proj, down = weight_of(attn.o_proj), weight_of(mlp.down_proj)
+    if (
+        compiled is None
+        or not compiled.hoists_rope
+        or not isinstance(fused.qkv, QuantWeight)
+        or not isinstance(fused.gate_up, QuantWeight)
+        or not isinstance(o_proj, QuantWeight)
+        or not isinstance(down, QuantWeight)
+    ):
+        return None
+    into, out = _compiled_ends(module, trunk)
+    return FusedHead(fused.qkv, o_proj, fused.gate_up, down, compiled, into, out, layer)
+
+
+def _compiled_ends(
+    module: NextNModule, trunk: Trunk
+) -> tuple[
+    Callable[[mx.array, mx.array], mx.array],
+    Callable[[mx.array], tuple[mx.array | None, mx.array]],
+]:
+    """The head step's ops before its layer (embedding lookup, the two norms, fc) and after it
+    (norm, the head's own LM head), compiled: the same ops in the same order (MLX's fusion of
+    elementwise ops changes no bits), a few graph nodes instead of ~60. The trunk's
+    embedding is read as the compiled function's constant; the head's weights are its
+    arguments."""
+    norm_e, norm_h, norm = module.pre_fc_norm_embedding, module.pre_fc_norm_hidden, module.norm
+    fc = weight_of(module.fc)
+    head = weight_of(module.lm_head) if "lm_head" in module else None
+    fc_kind, head_kind = weight_kind(fc), None if head is None else weight_kind(head)
+
+    def into(
+        tokens: mx.array, hidden: mx.array, w_e: mx.array, w_h: mx.array, fc_arrays: Any
+    ) -> mx.array:
+        joined = mx.concatenate(
+            [
+                mx.fast.rms_norm(trunk.embed(tokens), w_e, norm_e.eps),
+                mx.fast.rms_norm(hidden, w_h, norm_h.eps),
+            ],
+            axis=-1,
+        )
+        return linear_kind(joined, fc_arrays, fc_kind)
+
+    def out(x: mx.array, w: mx.array, head_arrays: Any) -> tuple[mx.array, mx.array]:
+        normed = mx.fast.rms_norm(x, w, norm.eps)
+        return linear_kind(normed, head_arrays, head_kind), normed
+
+    compiled_into = mx.compile(into)
+    compiled_out = mx.compile(out)
+    compiled_norm = mx.compile(lambda x, w: mx.fast.rms_norm(x, w, norm.eps))
+
+    def step_in(tokens: mx.array, hidden: mx.array) -> mx.array:
+        return compiled_into(tokens, hidden, norm_e.weight, norm_h.weight, weight_arrays(fc))
+
+    def step_out(x: mx.array) -> tuple[mx.array | None, mx.array]:
+        if head is None:
+            return None, compiled_norm(x, norm.weight)
+        logits, normed = compiled_out(x, norm.weight, weight_arrays(head))
+        return logits, normed
+
+    return step_in, step_out
+
+
+def _positions(cache: Any, size: int) -> mx.array:
+    """[size] int32: the positions of a row's next ``size`` entries (the cache's offset is
+    an int, or a lazy [] int32 in a ``LazyKVCache``)."""
+    return cache.offset + mx.arange(size, dtype=mx.int32)
+
+
+def _fused_rows(
+    parts: FusedHead,
+    layer: Any,
+    x: mx.array,
+    sizes: list[int],
+    caches: list[list[Any]],
+) -> mx.array:
+    """mlx-lm's llama layer over packed rows x [1, N, H] -> [1, N, H], its halves on the fused
+    kernels: q / k / v of every token in one ``before`` (each roped at its own row's
+    position), each row's cache and attention alone in mlx-lm's ops (as
+    ``_attention_rows``), then one ``after``."""
+    attn = layer.self_attn
+    norm = layer.input_layernorm
+    positions = [_positions(cache[0], size) for size, cache in zip(sizes, caches, strict=True)]
+    cos, sin = parts.compiled.rope_tables(
+        mx.concatenate(positions) if len(positions) > 1 else positions[0]
+    )
+    queries, keys, values = fused_layer.before(
+        x,
+        norm.weight,
+        parts.qkv,
+        cos,
+        sin,
+        attn.n_heads,
+        attn.n_kv_heads,
+        attn.head_dim,
+        attn.rope.dims,
+        norm.eps,
+    )  # [N, heads, d], [N, kv_heads, d] x 2
+    outputs = []
+    start = 0
+    for size, cache in zip(sizes, caches, strict=True):
+        end = start + size
+        q, k, v = queries, keys, values
+        if len(sizes) > 1:
+            q, k, v = q[start:end], k[start:end], v[start:end]
+        q = q.reshape(1, size, attn.n_heads, -1).transpose(0, 2, 1, 3)
+        k = k.reshape(1, size, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = v.reshape(1, size, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        layer_cache = cache[0]
+        mask = create_attention_mask(x[:, start:end] if len(sizes) > 1 else x, layer_cache)
+        k, v = layer_cache.update_and_fetch(k, v)
+        out = scaled_dot_product_attention(
+            q, k, v, cache=layer_cache, scale=attn.scale, mask=mask
+        )  # [1, heads, T_i, d]
+        outputs.append(out.transpose(0, 2, 1, 3).reshape(size, -1))
+        start = end
+    post = layer.post_attention_layernorm
+    return fused_layer.after(
+        x,
+        mx.concatenate(outputs) if len(outputs) > 1 else outputs[0],
+        parts.o_proj,
+        post.weight,
+        parts.gate_up,
+        parts.down,
+        post.eps,
+    )

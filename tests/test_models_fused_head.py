@@ -1,0 +1,235 @@
+"""The generic MTP head on the fused CPU kernels (``mtplx.models.fused_head``): where the head
+is served quantized on the CPU its llama layer runs on the trunk's fused halves and the ops
+around it compiled, and every output is bitwise what mlx-lm's layer gives -- one row, many
+rows packed, a depth-3 draft chain -- in a fraction of the graph nodes."""
+
+from __future__ import annotations
+
+import collections
+import re
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mtplx import fused_layer
+from mtplx.drafters.base import DraftSampler
+from mtplx.drafters.mtp import MTPDrafter
+from mtplx.lazy_cache import LazyKVCache
+from mtplx.models import LoadedModel, load
+from mtplx.models.fused_head import fuse_head
+from mtplx.models.mtp_nextn import NextNHead
+from mtplx.sampling import SamplerConfig
+from tests.fixtures.checkpoints import build_checkpoint
+from tests.fixtures.variants import quantize_checkpoint
+
+NUM_ROWS = 16
+
+
+@pytest.fixture(scope="module", params=["q4", "q4-draft-vocab", "q8"])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """The tiny llama + generic head, its trunk quantized (so the loader quantizes the head
+    to 8 bits); ``-draft-vocab``: the head has its own LM head over 128 tokens."""
+    directory = tmp_path_factory.mktemp("mtp_nextn")
+    draft_vocab = 128 if request.param.endswith("draft-vocab") else None
+    build_checkpoint("llama_mtp", directory, draft_vocab=draft_vocab)
+    quantize_checkpoint(directory, bits=int(request.param[1]), group_size=64)
+    loaded = load(directory)
+    fuse_head(loaded.mtp_heads[0])
+    return loaded
+
+
+def _head(model: LoadedModel) -> NextNHead:
+    head = model.mtp_heads[0]
+    assert isinstance(head, NextNHead)
+    return head
+
+
+def _bits(a: mx.array) -> np.ndarray:
+    return np.array(a).view(np.uint32)
+
+
+def _hidden(model: LoadedModel, row: int, count: int, salt: int) -> mx.array:
+    """[1, count, H] made-up target hidden states, different for every row and feed."""
+    size = model.target.trunk.hidden_size
+    return mx.random.normal((1, count, size), key=mx.random.key(1000 * row + salt)) * 3
+
+
+def _tokens(row: int, count: int, salt: int) -> list[int]:
+    return [(7 * row + 3 * i + salt) % 250 + 3 for i in range(count)]
+
+
+def _run(head: NextNHead, fused: bool, fn: Any) -> Any:
+    """``fn()`` with the head's fused path on or off, evaluated."""
+    head.fuses_layer = fused
+    try:
+        result = fn()
+        mx.eval(result)
+        return result
+    finally:
+        head.fuses_layer = True
+
+
+def test_the_quantized_head_runs_fused(model: LoadedModel) -> None:
+    """On the CPU with the kernels built, the 8-bit head takes the fused path (the MTP
+    drafter fuses the head it drafts with); switched off, it does not."""
+    head = _head(model)
+    assert fused_layer.available()
+    assert head.fused_parts() is not None
+    assert MTPDrafter(model).head is head and fuse_head(head)
+    head.fuses_layer = False
+    assert head.fused_parts() is None
+    head.fuses_layer = True
+
+
+def test_a_float_head_keeps_mlx_lm_layer(llama_mtp_checkpoint: Path) -> None:
+    """A float32 head (its trunk float32) gets no fused parts: the kernels take quantized
+    weights only."""
+    head = _head(load(llama_mtp_checkpoint))
+    assert not fuse_head(head)
+    assert head.fused_parts() is None
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["kv-cache", "lazy-cache"])
+def test_one_row_is_bitwise_mlx_lm_layer(model: LoadedModel, lazy: bool) -> None:
+    """A prompt's pairs, then decode-sized feeds, over the head's cache: logits and hidden
+    states of the fused head equal mlx-lm's layer's, bit for bit, at every feed."""
+    head = _head(model)
+
+    def feeds(fused: bool) -> list[tuple[mx.array, mx.array]]:
+        cache = [LazyKVCache()] if lazy else head.make_cache()
+        out = []
+        for feed, size in enumerate([9, 1, 2, 3, 1, 6]):
+            hidden = _hidden(model, 0, size, feed)
+            tokens = mx.array([_tokens(0, size, feed)], mx.int32)
+            out.append(_run(head, fused, lambda h=hidden, t=tokens: head(h, t, cache)))
+        return out
+
+    for (want_logits, want_hidden), (logits, hidden) in zip(feeds(False), feeds(True), strict=True):
+        assert logits.shape == want_logits.shape
+        np.testing.assert_array_equal(_bits(logits), _bits(want_logits))
+        np.testing.assert_array_equal(_bits(hidden), _bits(want_hidden))
+
+
+def test_packed_rows_are_bitwise_mlx_lm_layer(model: LoadedModel) -> None:
+    """16 rows of different lengths over caches of different lengths (lazy and plain),
+    packed into one forward: each row's outputs equal mlx-lm's layer's on the same rows."""
+    head = _head(model)
+
+    def feeds(fused: bool) -> list[list[tuple[mx.array, mx.array]]]:
+        caches = [[LazyKVCache()] if row % 2 else head.make_cache() for row in range(NUM_ROWS)]
+        out = []
+        for feed in range(3):
+            sizes = [1 + (row + feed) % 6 for row in range(NUM_ROWS)]
+            if feed == 0:
+                sizes = [2 + 3 * row for row in range(NUM_ROWS)]
+            hidden = [_hidden(model, row, size, feed) for row, size in enumerate(sizes)]
+            tokens = [mx.array([_tokens(row, n, feed)], mx.int32) for row, n in enumerate(sizes)]
+            out.append(
+                _run(head, fused, lambda h=hidden, t=tokens: head.forward_rows(h, t, caches))
+            )
+        return out
+
+    for want_feed, got_feed in zip(feeds(False), feeds(True), strict=True):
+        for row, ((want_logits, want_hidden), (logits, hidden)) in enumerate(
+            zip(want_feed, got_feed, strict=True)
+        ):
+            np.testing.assert_array_equal(_bits(logits), _bits(want_logits), str(row))
+            np.testing.assert_array_equal(_bits(hidden), _bits(want_hidden), str(row))
+
+
+def _drafters(model: LoadedModel) -> list[MTPDrafter]:
+    drafters = []
+    for row in range(4):
+        drafter = MTPDrafter(model)
+        prompt = _tokens(row, 5 + 2 * row, 0)
+        drafter.reset(prompt)
+        drafter.commit([*prompt[1:], 5], _hidden(model, row, len(prompt), 0))
+        drafters.append(drafter)
+    return drafters
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_depth_three_chains_are_bitwise_mlx_lm_layer(model: LoadedModel, seeded: bool) -> None:
+    """Three cycles of depth-3 drafts (the head recursing on its own output twice a cycle;
+    the second cycle's pairs committed lazily, then settled), four rows proposing together:
+    every draft token and q equals the unfused head's."""
+    head = _head(model)
+    config = (
+        SamplerConfig(temperature=0.8, top_p=0.95, seed=1)
+        if seeded
+        else SamplerConfig(temperature=0.0)
+    )
+
+    def cycles(fused: bool) -> list[tuple[list[mx.array], list[mx.array]]]:
+        drafters = _drafters(model)
+        out: list[tuple[list[mx.array], list[mx.array]]] = []
+        for cycle in range(3):
+            samplers = [
+                DraftSampler(
+                    config,
+                    model.target.vocab_size,
+                    mx.array(np.random.default_rng([row, cycle]).random(3, dtype=np.float32)),
+                    None,
+                    model.draft_vocab,
+                )
+                for row in range(len(drafters))
+            ]
+            histories = [_tokens(row, 8, cycle) for row in range(len(drafters))]
+            proposals = _run(
+                head,
+                fused,
+                lambda s=samplers, h=histories: drafters[0].propose_batch(
+                    list(drafters), h, [3] * len(drafters), s
+                ),
+            )
+            out.extend(proposals)
+            for row, drafter in enumerate(drafters):
+                if cycle == 1:  # fed by the next proposal with its count still lazy
+                    tokens = mx.array(_tokens(row, 4, cycle), mx.int32)
+                    drafter.commit_lazy(tokens, _hidden(model, row, 4, 20), mx.array(3))
+                    continue
+                if cycle == 2:
+                    drafter.settle(1)
+                drafter.commit(_tokens(row, 2, cycle), _hidden(model, row, 2, 10 + cycle))
+        return out
+
+    for (want_tokens, want_qs), (tokens, qs) in zip(cycles(False), cycles(True), strict=True):
+        assert len(tokens) == len(want_tokens) == 3
+        np.testing.assert_array_equal(np.array(mx.stack(tokens)), np.array(mx.stack(want_tokens)))
+        for q, want in zip(qs, want_qs, strict=True):
+            np.testing.assert_array_equal(_bits(q), _bits(want))
+
+
+def _nodes(head: NextNHead, fused: bool, path: Path) -> collections.Counter[str]:
+    """The primitives of one decode-sized head step's graph (2 pairs over a fed cache)."""
+    head.fuses_layer = fused
+    try:
+        cache = [LazyKVCache()]
+        mx.eval(head(_hidden_like(head, 5, 0), mx.array([_tokens(1, 5, 0)], mx.int32), cache))
+        logits, _ = head(_hidden_like(head, 2, 1), mx.array([_tokens(1, 2, 1)], mx.int32), cache)
+        mx.export_to_dot(str(path), logits)
+    finally:
+        head.fuses_layer = True
+    return collections.Counter(re.findall(r'label ="(\w+)"', path.read_text()))
+
+
+def _hidden_like(head: NextNHead, count: int, salt: int) -> mx.array:
+    return mx.random.normal((1, count, head.trunk.hidden_size), key=mx.random.key(salt))
+
+
+def test_a_fused_step_is_a_fraction_of_the_nodes(model: LoadedModel, tmp_path: Path) -> None:
+    """The fused step's layer is one ``before`` and one ``after`` node (no separate product
+    or norm of the layer left), and the whole step builds under half of mlx-lm's nodes."""
+    head = _head(model)
+    fused = _nodes(head, True, tmp_path / "fused.dot")
+    unfused = _nodes(head, False, tmp_path / "unfused.dot")
+    assert fused["MTPLXLayerBefore"] == fused["MTPLXLayerAfter"] == 1
+    assert unfused["MTPLXLayerBefore"] == unfused["MTPLXLayerAfter"] == 0
+    # The layer's seven products and two norms are inside them: fc and the LM head, and
+    # the head's own three norms, are left.
+    assert (fused["MTPLXQuantizedRows"], unfused["MTPLXQuantizedRows"]) == (2, 9)
+    assert (fused["Square"], unfused["Square"]) == (3, 5)
+    assert sum(fused.values()) * 2 < sum(unfused.values()), (fused, unfused)
