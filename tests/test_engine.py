@@ -211,7 +211,7 @@ def test_mtp_cycles_one_step_ahead_draw_what_cycles_in_step_draw(
                     assert isinstance(event, TokenEvent | FinishEvent)
                     if isinstance(event, TokenEvent):
                         tokens.append(event.token_id)
-                ahead_steps += lazily and sequence.queued is not None
+                ahead_steps += lazily and sequence in llama_engine.in_flight.drafts
             runs.append((tokens, sequence.stats.accepted_per_position))
         finally:
             del llama_engine.batched.trims_lazily  # type: ignore[attr-defined]

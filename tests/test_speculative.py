@@ -109,7 +109,7 @@ def test_rollback_leaves_target_row_as_committed_history(
         sequence.depth = depth
         drafter.num_right = min(num_right, depth)
         tokens += [e.token_id for _, e in engine.step() if isinstance(e, TokenEvent)]
-    while sequence.ahead is not None or sequence.planned is not None:  # settle the queue
+    while sequence in engine.in_flight:  # settle the queue
         sequence.depth = 1
         drafter.num_right = 1
         tokens += [e.token_id for _, e in engine.step() if isinstance(e, TokenEvent)]
@@ -385,7 +385,7 @@ def test_plain_rows_drawn_together_equal_each_row_drawn_alone() -> None:
     from types import SimpleNamespace
 
     from mtplx.models.batched import RowOutput
-    from mtplx.speculative import Ahead, queue_plain, queue_plain_rows
+    from mtplx.speculative import queue_plain, queue_plain_rows
 
     vocab = 3000
     configs = [
@@ -413,13 +413,15 @@ def test_plain_rows_drawn_together_equal_each_row_drawn_alone() -> None:
                 config=config,
                 seed=100 + i if config.seed is None else config.seed,
                 tokens=list(range(5 + i + trial)),
-                ahead=None if i % 2 else Ahead(head[:1], mx.zeros((1, 4)), mx.array([1])),
             )
             for i, config in enumerate(configs)
         ]
-        together = queue_plain_rows(sequences, outputs)  # type: ignore[arg-type]
-        for sequence, output, ahead in zip(sequences, outputs, together, strict=True):
-            alone = queue_plain(sequence, output)  # type: ignore[arg-type]
+        fed_ahead = [i % 2 == 0 for i in range(len(configs))]  # half feed a queued draw
+        together = queue_plain_rows(sequences, outputs, fed_ahead)  # type: ignore[arg-type]
+        for sequence, output, ahead, fed in zip(
+            sequences, outputs, together, fed_ahead, strict=True
+        ):
+            alone = queue_plain(sequence, output, fed)  # type: ignore[arg-type]
             assert ahead.sample.tolist() == alone.sample.tolist(), sequence.config
             assert ahead.logits is output.logits and ahead.hidden is output.hidden
 
