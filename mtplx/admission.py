@@ -12,7 +12,7 @@ from mtplx.errors import InvalidParameter
 from mtplx.output import TextEmitter
 from mtplx.planner import make_policies
 from mtplx.request import GenerationRequest, GenerationStats
-from mtplx.sequence import Sequence
+from mtplx.sequence import Sequence, Status
 
 __all__ = ["Admission"]
 
@@ -132,10 +132,11 @@ class Admission(EngineState):
         return self.num_rows_taken - len(self.running)
 
     def abort(self, sequence: Sequence) -> None:
-        """Drop ``sequence`` from the batch (cancelled, failed or finished)."""
-        sequence.finished = True
-        sequence.ahead = None
-        sequence.queued = None
+        """Drop ``sequence`` from the batch (cancelled, failed or finished), and its work in
+        flight."""
+        if not sequence.finished:
+            sequence.status = Status.FINISHED
+        self.in_flight.drop(sequence)
         if sequence in self.running:
             self.running.remove(sequence)
             self.batched.release(sequence.row)

@@ -32,11 +32,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import mlx.core as mx
-
 from mtplx import host_load
-from mtplx.drafters.base import DraftSampler
-from mtplx.drafters.ngram import NgramDrafter, find_continuation, one_hot_proposals
+from mtplx.drafters.ngram import NgramDrafter, find_continuation
 from mtplx.planner import StepCosts
 from mtplx.request import GenerationRequest
 from mtplx.sampling import SamplerConfig
@@ -94,14 +91,12 @@ class ScratchLookup(NgramDrafter):
         text soon stops repeating itself."""
         return max(super().match_length(history), self.min_ngram)
 
-    def propose(
-        self, history: list[int], k: int, sample: DraftSampler
-    ) -> tuple[list[mx.array], list[mx.array]]:
+    def continuation(self, history: list[int], k: int) -> list[int]:
         """Lookup's proposals, padded from the end of the history to k tokens."""
         continuation = find_continuation(history, k, self.max_ngram, self.min_ngram)
         missing = k - len(continuation)
         padding = history[-missing:] if missing > 0 else []
-        return one_hot_proposals(continuation + padding, sample.vocab_size)
+        return continuation + padding
 
 
 def _scratch_rows(engine: Engine, batch_size: int, drafter: str | None) -> list[Sequence]:

@@ -15,13 +15,16 @@ a sequence. One step (``step``, ``_run``), each phase in its module:
                  step's token budget; the exact rule (verify), lazily for the rows run ahead
                  (mtplx.runner -> ``StepResults``)
     postprocess  commit / roll back each verdict, account prompt chunks, put the queued
-                 work in place (mtplx.postprocess, mtplx.prefill)
+                 work in flight (mtplx.postprocess, mtplx.prefill)
     emit         per row: token events, stop rules, finish; finished rows leave the batch
 
+A sequence has one status (prefilling, running, finished, failed: ``mtplx.sequence``).
 Plain rows and MTP drafting rows run one step ahead: their forward is queued before the
 previous one's result is read (``mtplx.speculative``), so building a step's graph overlaps
-the previous step's compute. Requests come and go through ``mtplx.admission``; the state
-every phase shares is declared in ``mtplx.engine_state``.
+the previous step's compute. That queued work belongs to the batch, not to its rows: the
+engine's ``in_flight`` record (``mtplx.step.InFlight``), which the run's results fill and
+the next step's schedule and postprocess settle. Requests come and go through
+``mtplx.admission``; the state every phase shares is declared in ``mtplx.engine_state``.
 
 ``generate`` runs one request alone through the same step loop (batch size 1).
 """
@@ -48,7 +51,8 @@ from mtplx.prefix_reuse import PrefixReuse
 from mtplx.request import GenerationRequest
 from mtplx.runner import Runner
 from mtplx.schedule import Schedule
-from mtplx.sequence import Event, Sequence
+from mtplx.sequence import Event, Sequence, Status
+from mtplx.step import InFlight
 
 __all__ = ["DEFAULT_COSTS", "Engine", "StepEvent"]
 
@@ -112,6 +116,7 @@ class Engine(Admission, Schedule, Runner, Postprocess):
         # dropped), it makes the output's text continue the prompt's (``TextEmitter``).
         self._primer = self.tokenizer.encode("a", add_special_tokens=False)[-1]
         self.running: list[Sequence] = []
+        self.in_flight = InFlight()  # the batch's work one step ahead
         self.num_rows_taken = 0  # rows handed out by ``add`` and not yet released
         self.num_steps = 0
         self.num_step_tokens = 0  # tokens committed by all steps, for /metrics
@@ -174,9 +179,7 @@ class Engine(Admission, Schedule, Runner, Postprocess):
         self._run(plans, events)  # schedule -> run -> postprocess: one target forward
         if not plans:
             self._feed_prompts(events)  # nothing decodes yet: more prompt chunks
-        for sequence in list(self.running):  # emit
-            if sequence.pending is not None and not sequence.finished:
-                events.extend((sequence, event) for event in self._emit(sequence))
+        self._emit_committed(events)  # emit
         self._retire()
         self.num_steps += 1
         return events
@@ -201,8 +204,8 @@ class Engine(Admission, Schedule, Runner, Postprocess):
         fed = self.prefill_budget
         while (
             fed > 0
-            and any(not s.prefilled and not s.finished for s in self.running)
-            and not any(s.pending is not None for s in self.running)  # a first token waits
+            and any(s.status is Status.PREFILLING for s in self.running)
+            and not self.in_flight.committed  # a first token waits to be emitted
         ):
             before = sum(s.num_prefilled for s in self.running)
             self._run({}, events)

@@ -1,6 +1,7 @@
 """What every part of the engine's step reads and writes: the batch and its settings
-(``EngineState``), and the settling of work one step ahead that both the schedule and the
-postprocess do (a queued drafting cycle's verdict, a queued plain forward's draw).
+(``EngineState``) with its work in flight (``mtplx.step.InFlight``), and the settling of
+work one step ahead that both the schedule and the postprocess do (a queued drafting cycle's
+verdict, a queued plain forward's draw).
 
 ``mtplx.engine.Engine`` is assembled from one class per phase, each in its module and each
 on top of this one: ``Admission`` (requests in and out), ``Schedule`` (which rows run how),
@@ -21,8 +22,9 @@ from mtplx.models.base import LoadedModel, TargetModel
 from mtplx.models.rows import BatchedTarget
 from mtplx.planner import StepCosts
 from mtplx.prefix_reuse import PrefixReuse
-from mtplx.sequence import Event, Sequence
+from mtplx.sequence import Event, Sequence, Status
 from mtplx.speculative import close_ahead, close_queued
+from mtplx.step import InFlight
 
 __all__ = ["EngineState", "StepEvent"]
 
@@ -56,6 +58,7 @@ class EngineState:
     eos_token_ids: set[int]
     grammars: GrammarCompiler
     running: list[Sequence]
+    in_flight: InFlight  # the batch's work one step ahead, and what waits to be emitted
     num_rows_taken: int
     num_steps: int
     num_step_tokens: int
@@ -66,8 +69,7 @@ class EngineState:
 
     def _close_queued(self, sequence: Sequence, events: list[StepEvent]) -> None:
         """Commit the verdict of the row's queued drafting cycle (``close_queued``)."""
-        queued, sequence.queued = sequence.queued, None
-        assert queued is not None
+        queued = self.in_flight.drafts.pop(sequence)
         try:
             result = close_queued(self.batched, sequence, queued)
         except Exception as exc:
@@ -75,26 +77,25 @@ class EngineState:
             return
         if queued.source in sequence.policies:
             sequence.policies[queued.source].update(result.num_drafted, result.num_accepted)
-        sequence.pending = result
+        self.in_flight.committed[sequence] = result
         record_cycle(sequence.stats, result)
 
     def _close_ahead(
         self, sequence: Sequence, events: list[StepEvent], started: float | None = None
     ) -> None:
         """Commit the draw of the row's queued forward (``close_ahead``)."""
-        ahead, sequence.ahead = sequence.ahead, None
-        assert ahead is not None
+        ahead = self.in_flight.plain.pop(sequence)
         try:
-            sequence.pending = close_ahead(sequence.drafter, ahead, started)
+            result = close_ahead(sequence.drafter, ahead, started)
         except Exception as exc:
             self._fail(sequence, exc, events)
             return
-        record_cycle(sequence.stats, sequence.pending)
+        self.in_flight.committed[sequence] = result
+        record_cycle(sequence.stats, result)
 
     def _fail(self, sequence: Sequence, exc: BaseException, events: list[StepEvent]) -> None:
         """Fail one request: it leaves the batch with its exception as its last event."""
         logger.exception("generation failed", exc_info=exc)
-        sequence.finished = True
-        sequence.failed = True
-        sequence.pending = None
+        sequence.status = Status.FAILED
+        self.in_flight.drop(sequence)
         events.append((sequence, exc))

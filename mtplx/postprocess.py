@@ -1,16 +1,17 @@
 """The postprocess of a step: prompt chunks accounted, verdicts committed (rows rolled
-back past rejected drafts), queued work put in place, then each row's committed tokens
-turned into events, stop rules applied and finished rows marked."""
+back past rejected drafts), the queued work put in the batch's in-flight record, then each
+row's committed tokens turned into events, stop rules applied and finished rows marked."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 
+from mtplx.cycle import CycleResult
 from mtplx.engine_state import StepEvent
 from mtplx.events import record_cycle, token_event
 from mtplx.prefill import Prefill
 from mtplx.request import FinishEvent
-from mtplx.sequence import Event, Sequence
+from mtplx.sequence import Event, Sequence, Status
 from mtplx.speculative import commit
 from mtplx.step import StepBatch, StepResults
 
@@ -22,7 +23,7 @@ class Postprocess(Prefill):
 
     def _postprocess(self, batch: StepBatch, results: StepResults, events: list[StepEvent]) -> None:
         """Account the prompt chunks, commit this step's verdicts (rolling rows back past
-        rejected drafts), and put the queued work in place, settling what it replaces."""
+        rejected drafts), and put the queued work in flight, settling what it replaces."""
         for (sequence, chunk), output in zip(batch.chunks, results.prefilled, strict=True):
             try:
                 self._prefilled_chunk(sequence, len(chunk), output, results.verify_time)
@@ -45,21 +46,28 @@ class Postprocess(Prefill):
             plan = batch.plans[sequence]
             if plan.source in sequence.policies and plan.num_draft > 0:
                 sequence.policies[plan.source].update(result.num_drafted, result.num_accepted)
-            sequence.pending = result
+            self.in_flight.committed[sequence] = result
             record_cycle(sequence.stats, result)
+        in_flight = self.in_flight
         for sequence, plain_ahead in results.queued.items():
-            if sequence.ahead is not None:
+            if sequence in in_flight.plain:
                 self._close_ahead(sequence, events, batch.started)
-            sequence.ahead = plain_ahead
+            in_flight.plain[sequence] = plain_ahead
         for sequence, queued_draft in results.queued_drafts.items():
-            if sequence.queued is not None:
+            if sequence in in_flight.drafts:
                 self._close_queued(sequence, events)
-            sequence.queued = queued_draft
+            in_flight.drafts[sequence] = queued_draft
 
-    def _emit(self, sequence: Sequence) -> list[Event]:
+    def _emit_committed(self, events: list[StepEvent]) -> None:
+        """Emit what each running row committed this step, in batch order."""
+        committed, self.in_flight.committed = self.in_flight.committed, {}
+        for sequence in list(self.running):
+            result = committed.get(sequence)
+            if result is not None and not sequence.finished:
+                events.extend((sequence, event) for event in self._emit(sequence, result))
+
+    def _emit(self, sequence: Sequence, result: CycleResult) -> list[Event]:
         """Turn the row's committed tokens into events; finish it on a stop condition."""
-        result, sequence.pending = sequence.pending, None
-        assert result is not None
         request, stats, emitter = sequence.request, sequence.stats, sequence.emitter
         events: list[Event] = []
         if request.max_tokens == 0:
@@ -89,7 +97,7 @@ class Postprocess(Prefill):
     def _finish(
         self, sequence: Sequence, reason: str, text: str = "", stop_sequence: str | None = None
     ) -> FinishEvent:
-        sequence.finished = True
+        sequence.status = Status.FINISHED
         scored = None
         if sequence.request.prompt_logprobs is not None:
             scored = tuple(sequence.prompt_logprobs)

@@ -12,7 +12,7 @@ from mtplx.engine_state import EngineState
 from mtplx.events import prompt_logprobs
 from mtplx.models.rows import RowOutput
 from mtplx.sampling import mx_distribution_from_logits, mx_sample
-from mtplx.sequence import Sequence
+from mtplx.sequence import Sequence, Status
 from mtplx.speculative import cycle_uniforms
 
 __all__ = ["Prefill", "chunk_logits", "fixed_chunks"]
@@ -33,12 +33,13 @@ class Prefill(EngineState):
         start = sequence.num_prefilled
         sequence.num_prefilled += size
         sequence.stats.prefill_time += seconds
+        last = sequence.num_prefilled >= sequence.num_prompt_tokens
         if self.prefix is not None:
             # The chunk's hidden states: what a target that keeps none saves in a block.
             self.prefix.remember(sequence, sequence.num_prefilled, (start, output.hidden))
-            if sequence.prefilled:  # counted now: blocks fed beside it may be copied late
+            if last:  # counted now: blocks fed beside it may be copied late
                 self.prefix.cache.record_lookup(sequence.stats.cached_tokens)
-        if sequence.prefilled:
+        if last:
             self._first_token(sequence, output)
 
     def _scored(self, sequence: Sequence, output: RowOutput) -> RowOutput:
@@ -57,9 +58,13 @@ class Prefill(EngineState):
 
     def _first_token(self, sequence: Sequence, output: RowOutput) -> None:
         """Sample the token after the prompt and bring the drafter up to date (nothing to
-        sample when the request only scores its prompt: ``max_tokens`` 0)."""
+        sample when the request only scores its prompt: ``max_tokens`` 0); the sequence
+        runs from here."""
+        sequence.status = Status.RUNNING
         if sequence.request.max_tokens == 0:
-            sequence.pending = CycleResult([], 0, 0, output.asked_logits(), 0.0, 0.0)
+            self.in_flight.committed[sequence] = CycleResult(
+                [], 0, 0, output.asked_logits(), 0.0, 0.0
+            )
             return
         counts = None if sequence.token_counts is None else sequence.token_counts[None]
         grammar, mask = sequence.grammar, None
@@ -83,7 +88,7 @@ class Prefill(EngineState):
                 hidden = mx.concatenate(sequence.prefill_hidden, axis=0)[None]
             drafter.commit([*sequence.tokens[1:], token], hidden)
         sequence.prefill_hidden = []
-        sequence.pending = CycleResult(committed, 0, 0, logits, 0.0, 0.0)
+        self.in_flight.committed[sequence] = CycleResult(committed, 0, 0, logits, 0.0, 0.0)
 
 
 def chunk_logits(sequence: Sequence, size: int) -> str:

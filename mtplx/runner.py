@@ -47,7 +47,8 @@ class Runner(EngineState):
                 except Exception as exc:
                     group.remove(sequence)
                     self._fail(sequence, exc, events)
-        for (sequence, _), draft in zip(rows, propose_rows(rows, self.vocab_size), strict=True):
+        proposed = propose_rows(rows, self.vocab_size, self.in_flight.drafts)
+        for (sequence, _), draft in zip(rows, proposed, strict=True):
             if isinstance(draft, Exception):
                 for group in (batch.drafting, batch.ahead):
                     if sequence in group:
@@ -60,7 +61,7 @@ class Runner(EngineState):
             if self.time_drafts:
                 mx.eval(proposals)
                 self.last_draft_seconds = time.perf_counter() - draft_started
-            elif not any(s.queued is not None for s in batch.ahead):
+            elif not any(s in self.in_flight.drafts for s in batch.ahead):
                 # The drafters compute while the forward's graph is built on top of them. Not
                 # behind a queued cycle: MLX lets the host run only ~100 kernel dispatches
                 # ahead, so evaluating now would wait for that cycle to all but finish.
@@ -70,13 +71,16 @@ class Runner(EngineState):
     def _inputs(self, batch: StepBatch) -> list[mx.array]:
         """Every decoding row's tokens for the forward, in ``batch.rows`` order (the prompt
         chunks, scheduled into what these leave of the step's budget, follow them)."""
-        inputs = [plain_input(s) for s in batch.plain]
+        inputs = [plain_input(s, self.in_flight.plain.get(s)) for s in batch.plain]
         for sequence in batch.drafting:
             draft = batch.drafts[sequence]
             if self.batched.recurrent and draft.num_drafted:
                 draft.checkpoint = self.batched.checkpoint(sequence.row)
             inputs.append(draft.inputs(sequence.tokens[-1]))
-        return inputs + [batch.drafts[s].inputs(last_committed(s)) for s in batch.ahead]
+        queued = self.in_flight.drafts
+        return inputs + [
+            batch.drafts[s].inputs(last_committed(s, queued.get(s))) for s in batch.ahead
+        ]
 
     def _execute(
         self, batch: StepBatch, inputs: list[mx.array], events: list[StepEvent]
@@ -117,7 +121,9 @@ class Runner(EngineState):
         """Queue the plain rows' next draws and the run-ahead drafting cycles' verdicts on
         this forward, without reading them (they are read in the next step)."""
         plain = batch.plain
-        queued = dict(zip(plain, queue_plain_rows(plain, outputs[: len(plain)]), strict=True))
+        fed_ahead = [s in self.in_flight.plain for s in plain]
+        drawn = queue_plain_rows(plain, outputs[: len(plain)], fed_ahead)
+        queued = dict(zip(plain, drawn, strict=True))
         start = len(plain) + len(batch.drafting)
         ahead = outputs[start : start + len(batch.ahead)]
         rows = [(s, batch.drafts[s], o) for s, o in zip(batch.ahead, ahead, strict=True)]

@@ -10,7 +10,7 @@ from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.engine_state import EngineState, StepEvent
 from mtplx.planner import Plan, StepCosts, plan_cycle
 from mtplx.prefill import fixed_chunks
-from mtplx.sequence import Sequence
+from mtplx.sequence import Sequence, Status
 from mtplx.speculative import commits_lazily
 from mtplx.step import StepBatch
 
@@ -30,8 +30,9 @@ class Schedule(EngineState):
         While a prompt is fed beside them, adaptive rows do not draft: the steps are long,
         and a drafting row emits nothing in the step that re-queues its plain forward,
         which would double its wait between tokens."""
-        decoding = [s for s in self.running if s.prefilled and s.pending is None]
-        prefilling = any(not s.prefilled for s in self.running)
+        committed = self.in_flight.committed
+        decoding = [s for s in self.running if s.status is Status.RUNNING and s not in committed]
+        prefilling = any(s.status is Status.PREFILLING for s in self.running)
         plans = {}
         for sequence in decoding:
             try:
@@ -42,17 +43,18 @@ class Schedule(EngineState):
 
     def _plan(self, sequence: Sequence, batch_size: int, prefilling: bool = False) -> Plan:
         """The row's next cycle (a plan waiting for its ahead to close goes first)."""
-        if sequence.planned is not None:
-            plan, sequence.planned = sequence.planned, None
-            return plan
+        planned = self.in_flight.planned.pop(sequence, None)
+        if planned is not None:
+            return planned
         if prefilling and sequence.policies:
             return Plan(None, 0)
         room = min(
             sequence.request.max_tokens - sequence.num_output_tokens,
             self.context_length - len(sequence.tokens),
         )
-        if sequence.queued is not None:  # what its verdict may still commit (0: read it)
-            room = max(room - sequence.queued.draft.num_drafted - 1, 1)
+        queued = self.in_flight.drafts.get(sequence)
+        if queued is not None:  # what its verdict may still commit (0: read it)
+            room = max(room - queued.draft.num_drafted - 1, 1)
         return plan_cycle(
             sequence.drafter,
             sequence.policies,
@@ -70,13 +72,13 @@ class Schedule(EngineState):
         batch = StepBatch(plans)
         for sequence, plan in plans.items():
             pipelined = plan.num_draft > 0 and self._pipelines(sequence, plan)
-            if sequence.queued is not None and not pipelined:
+            if sequence in self.in_flight.drafts and not pipelined:
                 # Read the queued cycle's verdict; plan again from the history it completes.
                 self._close_queued(sequence, events)
-            elif plan.num_draft > 0 and sequence.ahead is not None:
+            elif plan.num_draft > 0 and sequence in self.in_flight.plain:
                 # Commit the queued forward's token first; draft after it next step.
                 self._close_ahead(sequence, events)
-                sequence.planned = plan
+                self.in_flight.planned[sequence] = plan
             elif plan.num_draft == 0 and not sequence.config.has_penalties and not sequence.grammar:
                 # Not with a grammar either: the mask needs the previous token read first.
                 batch.plain.append(sequence)
@@ -125,7 +127,7 @@ class Schedule(EngineState):
             budget = min(max(self.prefill_budget, self.batched.max_prefill_tokens), rows)
         else:  # a running stream waits for the step: its tokens in all stay few
             budget = min(self.prefill_budget, min(rows, BESIDE_STREAMS_TOKENS) - num_decode_tokens)
-        waiting = [s for s in self.running if not s.prefilled and not s.finished]
+        waiting = [s for s in self.running if s.status is Status.PREFILLING]
         if self.prefix is not None:
             for sequence in waiting:
                 self.prefix.reuse(sequence)  # blocks other prompts have fed since

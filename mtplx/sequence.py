@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
@@ -11,7 +12,6 @@ from mtplx.depth_policy import AdaptiveDepth
 from mtplx.drafters import Drafter
 from mtplx.models.rows import Row
 from mtplx.output import TextEmitter
-from mtplx.planner import Plan
 from mtplx.request import (
     FinishEvent,
     GenerationRequest,
@@ -22,19 +22,29 @@ from mtplx.request import (
 from mtplx.sampling import SamplerConfig
 
 if TYPE_CHECKING:
-    from mtplx.cycle import Ahead, CycleResult, QueuedDraft
     from mtplx.grammar import GrammarState
 
 Event = TokenEvent | FinishEvent
 
 
+class Status(Enum):
+    """Where a sequence is in its life: its prompt being fed, decoding, or done."""
+
+    PREFILLING = "prefilling"  # prompt chunks still to feed; nothing sampled yet
+    RUNNING = "running"  # the first token is sampled: it decodes a cycle a step
+    FINISHED = "finished"  # stopped, cut at its length, or cancelled: it leaves the batch
+    FAILED = "failed"  # an error ended it; its state may be inconsistent: nothing is cached
+
+
 @dataclass(eq=False)
 class Sequence:
     """One request in the batch: its tokens, its row of the target, its own drafter (and its
-    caches), depth policies, sampler, seed stream, penalty counts, stop rules and statistics.
+    caches), depth policies, sampler, seed stream, penalty counts, stop rules, statistics and
+    its one ``status``. What is in flight for it one step ahead (a queued forward, a queued
+    verdict) is the batch's (``mtplx.step.InFlight``), not the sequence's.
 
     ``tokens`` is the prompt plus the committed output; the newest token is not in the target
-    row yet, unless a plain forward of it is queued (``ahead``)."""
+    row yet, unless the batch has a plain forward of it queued."""
 
     request: GenerationRequest
     tokens: list[int]
@@ -51,13 +61,8 @@ class Sequence:
     grammar: GrammarState | None = None  # the constraint's state after the committed tokens
     num_prefilled: int = 0  # prompt tokens already in the target row
     prefill_hidden: list[mx.array] = field(default_factory=list)  # [T, H] chunks, for drafters
-    pending: CycleResult | None = None  # committed, not yet emitted
-    ahead: Ahead | None = None  # the queued plain forward of the newest token
-    queued: QueuedDraft | None = None  # a drafting cycle whose verdict is still computing
-    planned: Plan | None = None  # a drafting cycle waiting for its ahead to close
     prompt_logprobs: list[PromptLogprob] = field(default_factory=list)  # scored so far
-    finished: bool = False
-    failed: bool = False  # its state may be inconsistent: nothing of it is cached
+    status: Status = Status.PREFILLING
     tag: Any = None  # the caller's handle (the scheduler's ticket and choice index)
 
     @property
@@ -67,8 +72,18 @@ class Sequence:
 
     @property
     def prefilled(self) -> bool:
-        """Whether the whole prompt is in the target row (the first token is sampled)."""
-        return self.num_prefilled >= self.num_prompt_tokens
+        """Whether its prompt is done with (fed and the first token sampled, or it ended)."""
+        return self.status is not Status.PREFILLING
+
+    @property
+    def finished(self) -> bool:
+        """Whether it is done (finished or failed): it leaves the batch after this step."""
+        return self.status is Status.FINISHED or self.status is Status.FAILED
+
+    @property
+    def failed(self) -> bool:
+        """Whether an error ended it (nothing of it is cached)."""
+        return self.status is Status.FAILED
 
     @property
     def num_output_tokens(self) -> int:

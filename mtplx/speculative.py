@@ -26,13 +26,15 @@ draws exactly what the cycle built after reading the verdict would. Then the ver
 (``close_queued``) while the new cycle computes.
 
 The in-flight data these functions pass between steps (``CycleResult``, ``Ahead``,
-``Draft``, ``QueuedDraft``) is ``mtplx.cycle``'s.
+``Draft``, ``QueuedDraft``) is ``mtplx.cycle``'s; the engine keeps what is queued one step
+ahead for the whole batch (``mtplx.step.InFlight``) and passes a row's to these functions.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Mapping
 
 import mlx.core as mx
 import numpy as np
@@ -80,26 +82,36 @@ def position_counts(token_counts: mx.array | None, draft_tokens: mx.array) -> mx
 # -- plain rows, one step ahead ------------------------------------------------------------
 
 
-def plain_input(sequence: Sequence) -> mx.array:
-    """[1] int32: what a plain row feeds the forward: the lazy draw of its queued forward, or
-    its newest committed token."""
-    if sequence.ahead is not None:
-        return sequence.ahead.sample
+def plain_input(sequence: Sequence, ahead: Ahead | None) -> mx.array:
+    """[1] int32: what a plain row feeds the forward: the lazy draw of its queued forward
+    ``ahead``, or (None) its newest committed token."""
+    if ahead is not None:
+        return ahead.sample
     return mx.array([sequence.tokens[-1]], mx.int32)
 
 
-def queue_plain(sequence: Sequence, output: RowOutput) -> Ahead:
+def _fed_position(sequence: Sequence, fed_ahead: bool) -> int:
+    """The position of the token a plain row feeds: the one after its committed tokens when
+    it feeds a queued forward's draw (``fed_ahead``), else its newest committed token's."""
+    return len(sequence.tokens) - (0 if fed_ahead else 1)
+
+
+def queue_plain(sequence: Sequence, output: RowOutput, fed_ahead: bool = False) -> Ahead:
     """The queued forward of ``plain_input`` and the lazy plain draw of the token after it,
-    with the uniforms ``verify`` at depth 0 would use there. Needs no penalties."""
-    index = len(sequence.tokens) - (0 if sequence.ahead is not None else 1)  # the fed token's
+    with the uniforms ``verify`` at depth 0 would use there. ``fed_ahead``: the row fed a
+    queued forward's draw. Needs no penalties."""
+    index = _fed_position(sequence, fed_ahead)
     logits = output.asked_logits()
     probs = mx_distribution_from_logits(logits, sequence.config)  # [1, V]
     sample = mx_sample(probs, cycle_uniforms(sequence.seed, index + 1, 0)).astype(mx.int32)
     return Ahead(logits, output.hidden, sample)
 
 
-def queue_plain_rows(sequences: list[Sequence], outputs: list[RowOutput]) -> list[Ahead]:
-    """``queue_plain`` for many rows at once, the same draws bit for bit: rows whose samplers
+def queue_plain_rows(
+    sequences: list[Sequence], outputs: list[RowOutput], fed_ahead: list[bool]
+) -> list[Ahead]:
+    """``queue_plain`` for many rows at once (``fed_ahead``: each row's), the same draws bit
+    for bit: rows whose samplers
     compute the same distribution draw together, one distribution and one inverse-CDF draw
     over their stacked logits (every op works row by row, so a row's bits do not depend on
     its neighbours), each with the uniform of its own seed stream; greedy rows take the
@@ -121,7 +133,7 @@ def queue_plain_rows(sequences: list[Sequence], outputs: list[RowOutput]) -> lis
             uniforms = np.empty(len(members), np.float32)
             for slot, i in enumerate(members):
                 sequence = sequences[i]
-                index = len(sequence.tokens) - (0 if sequence.ahead is not None else 1)
+                index = _fed_position(sequence, fed_ahead[i])
                 uniforms[slot] = _uniforms(sequence.seed, index + 1, 0)[0]
             probs = mx_distribution_from_logits(stacked, config)
             drawn = mx_sample(probs, mx.array(uniforms)).astype(mx.int32)
@@ -171,18 +183,25 @@ def propose(sequence: Sequence, num_draft: int, vocab_size: int) -> Draft:
     return draft
 
 
-def propose_rows(rows: list[tuple[Sequence, int]], vocab_size: int) -> list[Draft | Exception]:
+def propose_rows(
+    rows: list[tuple[Sequence, int]],
+    vocab_size: int,
+    queued: Mapping[Sequence, QueuedDraft] | None = None,
+) -> list[Draft | Exception]:
     """``propose`` for many rows (sequence, number of drafts), left lazy: rows whose active
     drafters share a ``batch_key`` propose together (one MTP head forward a depth for all
-    of them), each row's draft bitwise what it drafts alone. Per row its Draft, or the
-    exception that failed it (a shared proposal that fails fails its rows)."""
+    of them), each row's draft bitwise what it drafts alone. ``queued``: the rows' drafting
+    cycles whose verdicts are still computing (a row's next cycle starts where its verdict
+    ends). Per row its Draft, or the exception that failed it (a shared proposal that fails
+    fails its rows)."""
+    queued = queued or {}
     drafts: list[Draft | Exception | None] = [None] * len(rows)
     samplers: dict[int, DraftSampler] = {}
     uniforms: dict[int, mx.array] = {}
     groups: dict[object, list[int]] = {}
     for index, (sequence, num_draft) in enumerate(rows):
         try:
-            uniforms[index] = _next_uniforms(sequence, num_draft)
+            uniforms[index] = _next_uniforms(sequence, num_draft, queued.get(sequence))
             drafter = sequence.drafter
             if drafter is None or num_draft <= 0:
                 drafts[index] = Draft(mx.zeros((0,), mx.int32), [], uniforms[index], num_draft, 0.0)
@@ -258,14 +277,13 @@ def _draft(
     return draft
 
 
-def _next_uniforms(sequence: Sequence, num_draft: int) -> mx.array:
-    """``cycle_uniforms`` of the row's next cycle; after a queued drafting cycle, whose
+def _next_uniforms(sequence: Sequence, num_draft: int, queued: QueuedDraft | None) -> mx.array:
+    """``cycle_uniforms`` of the row's next cycle; after a ``queued`` drafting cycle, whose
     verdict is lazy, those of each position it may end at, picked by its verdict. A greedy
     row reads none of them (its drafts and verdicts are argmaxes): zeros, without drawing
     the stream (two generators a cycle, a tenth of a millisecond each)."""
     if sequence.config.is_greedy:
         return _unread_uniforms(num_draft)
-    queued = sequence.queued
     if queued is None:
         return cycle_uniforms(sequence.seed, len(sequence.tokens), num_draft)
     candidates = np.stack(
@@ -467,9 +485,8 @@ def commits_lazily(sequence: Sequence) -> bool:
     )
 
 
-def last_committed(sequence: Sequence) -> mx.array:
-    """[1] int32: the row's newest committed token, lazy after a queued drafting cycle."""
-    queued = sequence.queued
+def last_committed(sequence: Sequence, queued: QueuedDraft | None) -> mx.array:
+    """[1] int32: the row's newest committed token, lazy after a ``queued`` drafting cycle."""
     if queued is None:
         return mx.array([sequence.tokens[-1]], mx.int32)
     return mx.take(queued.output_tokens[0], queued.num_accepted)

@@ -1,10 +1,13 @@
-"""The plain data between the three phases of ``Engine.step``'s forward.
+"""The plain data between the three phases of ``Engine.step``'s forward, and the batch's
+work in flight between steps.
 
 ``StepBatch`` is what the schedule decides (which rows decode plainly, which draft and are
 verified now, which draft with their verdict queued one step ahead, which prompt chunks ride
 along) and what the run fills in (the drafts, the chunks under the token budget).
 ``StepResults`` is what the run hands the postprocess: the verdicts to commit, the prompt
 chunks' outputs, and the work queued on this forward that the next step reads.
+``InFlight`` is the batch's record of that queued work (and of what is committed but not
+yet emitted): a sequence has one status, and what runs one step ahead belongs to the batch.
 """
 
 from __future__ import annotations
@@ -13,12 +16,38 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from mtplx.cycle import Ahead, Draft, QueuedDraft
+from mtplx.cycle import Ahead, CycleResult, Draft, QueuedDraft
 from mtplx.models.rows import RowOutput
 from mtplx.planner import Plan
 from mtplx.sequence import Sequence
 
-__all__ = ["StepBatch", "StepResults"]
+__all__ = ["InFlight", "StepBatch", "StepResults"]
+
+
+@dataclass(eq=False)
+class InFlight:
+    """The batch's work between the phases and the steps, by row: ``plain`` forwards of a
+    row's newest token queued on the last forward (their draws still computing),
+    ``drafts``: drafting cycles whose verdicts are still computing, ``planned``: drafting
+    cycles that wait one step for the row's queued forward to close, and ``committed``:
+    what a row committed this step, emitted at its end. A row is in at most one of the
+    first three."""
+
+    plain: dict[Sequence, Ahead] = field(default_factory=dict)
+    drafts: dict[Sequence, QueuedDraft] = field(default_factory=dict)
+    planned: dict[Sequence, Plan] = field(default_factory=dict)
+    committed: dict[Sequence, CycleResult] = field(default_factory=dict)
+
+    def __contains__(self, sequence: object) -> bool:
+        """Whether work of ``sequence`` runs one step ahead (queued or planned)."""
+        return sequence in self.plain or sequence in self.drafts or sequence in self.planned
+
+    def drop(self, sequence: Sequence) -> None:
+        """Forget everything of ``sequence`` (it failed or left the batch)."""
+        self.plain.pop(sequence, None)
+        self.drafts.pop(sequence, None)
+        self.planned.pop(sequence, None)
+        self.committed.pop(sequence, None)
 
 
 @dataclass(eq=False)

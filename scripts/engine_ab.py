@@ -1,8 +1,9 @@
 """Paired A/B of the engine against the engine's modules as they were at a git revision.
 
-Both engines run in this one process on the same loaded model (``mtplx/engine.py`` and its
-phase modules at ``--rev``; the rest of the package, drafters and ``speculative`` included,
-is the working tree's: to compare those too, run each tree in a process of its own), so
+Both engines run in this one process on the same loaded model (``mtplx/engine.py``, its
+phase modules and the per-row state and cycle modules they share -- ``sequence``, ``cycle``,
+``speculative``, ``step`` -- at ``--rev``; the rest of the package, drafters included, is
+the working tree's: to compare those too, run each tree in a process of its own), so
 outputs can be compared token for token and speed measured in CPU time, turn about, which a
 loaded shared machine does not skew the way wall time is skewed:
 
@@ -38,9 +39,21 @@ PROMPTS = [
 ]
 
 
-# The engine's modules (``mtplx.engine`` assembles the phase classes of the others), in an
-# order where each comes after those it imports.
-ENGINE_MODULES = ("engine_state", "prefill", "admission", "schedule", "runner", "postprocess")
+# The engine's modules (``mtplx.engine`` assembles the phase classes of the others) and the
+# sequence and cycle modules they pass between them, in an order where each comes after
+# those it imports.
+ENGINE_MODULES = (
+    "cycle",
+    "sequence",
+    "speculative",
+    "step",
+    "engine_state",
+    "prefill",
+    "admission",
+    "schedule",
+    "runner",
+    "postprocess",
+)
 
 
 def old_engine_module(rev: str) -> ModuleType:

@@ -12,6 +12,7 @@ from mtplx.engine import Engine
 from mtplx.models import load, make_layer_skip_draft
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig
+from mtplx.sequence import Status
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import quantize_checkpoint, untie_lm_head
 
@@ -211,7 +212,7 @@ def test_mtp_cycles_one_step_ahead_draw_what_cycles_in_step_draw(
                     assert isinstance(event, TokenEvent | FinishEvent)
                     if isinstance(event, TokenEvent):
                         tokens.append(event.token_id)
-                ahead_steps += lazily and sequence.queued is not None
+                ahead_steps += lazily and sequence in llama_engine.in_flight.drafts
             runs.append((tokens, sequence.stats.accepted_per_position))
         finally:
             del llama_engine.batched.trims_lazily  # type: ignore[attr-defined]
@@ -351,6 +352,36 @@ def test_generation_can_be_cancelled_between_cycles(llama_engine: Engine) -> Non
     stream.close()
     tokens, _ = generate(llama_engine, GenerationRequest([1, 2, 3], GREEDY, max_tokens=4))
     assert len(tokens) == 4
+
+
+@pytest.mark.parametrize("drafter", ["none", "mtp", "ngram"])
+def test_a_sequence_moves_through_its_statuses_and_leaves_nothing_in_flight(
+    llama_engine: Engine, drafter: str
+) -> None:
+    """A request is prefilling until its first token, then running, then finished; its
+    work one step ahead is the batch's (plain forwards queued, MTP cycles run ahead), and
+    none of it is left once the batch has drained, finished or cancelled."""
+    long = GenerationRequest(
+        list(range(3, 40)), GREEDY, max_tokens=24, drafter=drafter, ignore_eos=True
+    )
+    sequence = llama_engine.add(long)
+    cancelled = llama_engine.add(long)
+    seen = []
+    in_flight_steps = 0
+    while llama_engine.running:
+        seen.append(sequence.status)
+        if len(seen) == 6:
+            llama_engine.abort(cancelled)
+            assert cancelled.status is Status.FINISHED and cancelled not in llama_engine.in_flight
+        for _, event in llama_engine.step():
+            assert not isinstance(event, BaseException)
+        in_flight_steps += sequence in llama_engine.in_flight
+    assert sequence.status is Status.FINISHED and not sequence.failed
+    assert seen[0] is Status.PREFILLING and Status.RUNNING in seen
+    assert seen == sorted(seen, key=[Status.PREFILLING, Status.RUNNING].index)
+    assert in_flight_steps > 5  # its plain forwards or drafting cycles ran one step ahead
+    in_flight = llama_engine.in_flight
+    assert not (in_flight.plain or in_flight.drafts or in_flight.planned or in_flight.committed)
 
 
 def test_reduced_draft_vocabulary_keeps_greedy_exact(llama_draft_vocab_checkpoint: Path) -> None:

@@ -54,3 +54,40 @@ def test_match_length_sees_long_copies() -> None:
     assert drafter.match_length([*text, 7, *text[:12]]) == LONG_MATCH  # capped at max_ngram
     assert drafter.match_length([*text, 7, *text[:3]]) == 3
     assert drafter.match_length([*text, 7]) == 0
+
+
+def test_rows_proposed_in_one_pass_equal_each_row_alone() -> None:
+    """``propose_batch`` over lookup rows of different histories and depths (with and
+    without a match, and a lookup that pads its proposals): each row's tokens and one-hot q
+    are bitwise what it proposes alone."""
+    import mlx.core as mx
+    import numpy as np
+
+    from mtplx.calibration import ScratchLookup
+    from mtplx.drafters.base import DraftSampler
+    from mtplx.sampling import SamplerConfig
+
+    vocab = 50
+    rng = random.Random(5)
+    drafters: list[NgramDrafter] = [NgramDrafter(), NgramDrafter(max_ngram=3), ScratchLookup()]
+    drafters += [NgramDrafter() for _ in range(5)]
+    histories = [[rng.randrange(4) for _ in range(rng.randrange(1, 30))] for _ in drafters]
+    histories[1] = [1, 2, 3, 4, 5]  # no match: nothing proposed
+    histories[2] = [9, 8, 7, 6]  # no match, padded to k by the scratch lookup
+    ks = [1 + index % 5 for index in range(len(drafters))]
+    samplers = [DraftSampler(SamplerConfig(temperature=0.0), vocab, mx.zeros(k)) for k in ks]
+    together = drafters[0].propose_batch(list(drafters), histories, ks, samplers)  # type: ignore[arg-type]
+    assert together[1] == ([], []) and len(together[2][0]) == ks[2]
+    assert sum(len(tokens) for tokens, _ in together) > len(drafters)  # matches proposed
+    for drafter, history, k, sampler, (tokens, qs) in zip(
+        drafters, histories, ks, samplers, together, strict=True
+    ):
+        alone_tokens, alone_qs = drafter.propose(history, k, sampler)
+        assert [t.dtype for t in tokens] == [t.dtype for t in alone_tokens]
+        assert [t.item() for t in tokens] == [t.item() for t in alone_tokens]
+        assert len(qs) == len(alone_qs)
+        for q, alone_q in zip(qs, alone_qs, strict=True):
+            assert q.dtype == alone_q.dtype == mx.float32 and q.shape == (vocab,)
+            assert np.array_equal(np.array(q), np.array(alone_q))
+    nothing = NgramDrafter().propose_batch([NgramDrafter()], [[1, 2]], [3], samplers[:1])  # type: ignore[list-item]
+    assert nothing == [([], [])]
