@@ -883,6 +883,9 @@ static inline __attribute__((always_inline)) v16f bias_chunk(const qmm_t *p, int
 #define I8_COLS_1 1
 #define I8_COLS 1
 #endif
+#ifndef I8_AHEAD
+#define I8_AHEAD 8 /* columns ahead to prefetch */
+#endif
 #define I8_MAXC (I8_COLS_1 > I8_COLS ? I8_COLS_1 : I8_COLS)
 
 /* Rows m0..m0+R, columns n0..n0+C: each element's arithmetic is the same whatever R and C
@@ -903,6 +906,12 @@ static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int 
         v16f sc[I8_MAXC];
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
+            /* The weights a few tiles on: a row's weights are a few hundred bytes, too short
+             * a stream for the hardware prefetcher to find at one row a call. */
+            if (n0 + c + I8_AHEAD < p->N) {
+                const long ahead = n0 + c + I8_AHEAD;
+                __builtin_prefetch(p->w + ahead * row_bytes + t * term_bytes);
+            }
             u[c] = unpack_term(p->w + (long)(n0 + c) * row_bytes + t * term_bytes, bits, avail);
             sc[c] = term_params(p, p->scales, n0 + c, t, bits, group);
         }
