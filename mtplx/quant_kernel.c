@@ -871,7 +871,7 @@ static inline __attribute__((always_inline)) v16f bias_chunk(const qmm_t *p, int
 
 /* Register tiles: rows x columns of accumulators (16 lanes each). */
 #if defined(__AVX512F__)
-#define I8_ROWS 4
+#define I8_ROWS 6 /* 18 accumulators, 6 + 3 weight and scale vectors, x: 32 registers */
 #define I8_COLS_1 4
 #define I8_COLS 3
 #elif defined(__AVX2__)
@@ -961,27 +961,27 @@ static inline __attribute__((always_inline)) void columns_int8_kind(const qmm_t 
         return;
     }
     for (int m = 0; m < p->M;) {
-        const int left = p->M - m;
-        if (left >= I8_ROWS) {
-            I8_ROW_TILE(I8_ROWS, I8_COLS);
-            m += I8_ROWS;
-        }
-#if I8_ROWS > 3
-        else if (left == 3) {
-            I8_ROW_TILE(3, I8_COLS);
-            m += 3;
-        }
+        const int R = p->M - m < I8_ROWS ? p->M - m : I8_ROWS;
+        switch (R) {
+        case 1: I8_ROW_TILE(1, I8_COLS_1); break;
+#if I8_ROWS >= 2
+        case 2: I8_ROW_TILE(2, I8_COLS); break;
 #endif
-#if I8_ROWS > 2
-        else if (left == 2) {
-            I8_ROW_TILE(2, I8_COLS);
-            m += 2;
-        }
+#if I8_ROWS >= 3
+        case 3: I8_ROW_TILE(3, I8_COLS); break;
 #endif
-        else {
-            I8_ROW_TILE(1, I8_COLS_1);
-            m += 1;
+#if I8_ROWS >= 4
+        case 4: I8_ROW_TILE(4, I8_COLS); break;
+#endif
+#if I8_ROWS >= 5
+        case 5: I8_ROW_TILE(5, I8_COLS); break;
+#endif
+#if I8_ROWS >= 6
+        case 6: I8_ROW_TILE(6, I8_COLS); break;
+#endif
+        default: break;
         }
+        m += R;
     }
 }
 
