@@ -432,6 +432,28 @@ def test_int8_mode_is_invariant_over_thread_counts() -> None:
     np.testing.assert_array_equal(results[0], _int8_reference(x, packed, scales, biases, 8, 64))
 
 
+@pytest.mark.parametrize(("bits", "group", "k"), [(4, 32, 576), (4, 64, 320), (8, 32, 96)])
+def test_int8_mode_partial_last_term_over_rows_and_threads(bits: int, group: int, k: int) -> None:
+    """K not a whole number of terms (the default model's 576 is 4.5 terms of 128): the
+    padded lanes add nothing, alone, in every row tile and in every thread split."""
+    rng = np.random.default_rng(k + bits)
+    packed, scales, biases = _weights(rng, 301, k, bits, group, half=True)
+    x = rng.standard_normal((13, k)).astype(np.float32)
+    twin = _int8_reference(x, packed, scales, biases, bits, group)
+    ext = quant.load_extension()
+    before = ext.threads()
+    try:
+        for threads in (1, 2):
+            quant.set_threads(threads)
+            np.testing.assert_array_equal(_int8(x, packed, scales, biases, bits, group), twin)
+            for i in range(13):
+                np.testing.assert_array_equal(
+                    _int8(x[i : i + 1], packed, scales, biases, bits, group), twin[i : i + 1]
+                )
+    finally:
+        quant.set_threads(before)
+
+
 def test_int8_mode_in_lazy_graphs_and_bad_modes() -> None:
     rng = np.random.default_rng(6)
     packed, scales, biases = _weights(rng, 40, 256, 4, 64)
