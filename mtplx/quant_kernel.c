@@ -182,9 +182,9 @@ typedef struct {
     /* Integer-dot mode (mtplx_qmm_int8): the rows quantized to 8 bits per group. */
     int int8;
     const int8_t *x8; /* [M, KP] in the variant's element order (see quantize_rows) */
-    const float *xd;  /* [M, GP] each group's step d (0 for an all-zero group) */
-    const float *xs;  /* [M, GP] each group's sum of x8, as a float (exact) */
-    int KP, GP;       /* K and G padded to whole blocks of 4 groups */
+    const float *dx;  /* [M, T, 16] each term lane's step d (0 in padding) */
+    const float *xs;  /* [M, GB] each group's d * S (0 in padding) */
+    int KP, T, GB;    /* K padded to whole terms, the terms, G padded to 16 */
 } qmm_t;
 
 /* A scale or bias: float32, or float16 (half the bytes to read; GGUF's own scales are
@@ -516,8 +516,9 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scale
                 }
         }
     }
-    qmm_t p = {xp ? xp : x, (const uint8_t *)w, scales, biases, y, M, N, K, G, bits, group,
-               half != 0, 0, NULL, NULL, NULL, 0, 0};
+    qmm_t p = {.x = xp ? xp : x, .w = (const uint8_t *)w, .scales = scales, .biases = biases,
+               .y = y, .M = M, .N = N, .K = K, .G = G, .bits = bits, .group = group,
+               .half = half != 0};
     run(&p);
     free(xp);
     return 0;
@@ -532,22 +533,32 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scale
  *     x8[m, k] = rint(x[m, k] / d[m, g]), clamped to [-127, 127]  (ties to even; an
  *                all-zero group, or one whose d rounds to 0, has d = 0 and x8 = 0; a
  *                group holding an infinity or NaN has d = NaN and x8 = 0)
+ *     s[m, g] = d[m, g] * S[m, g],  S = the group's sum of x8           (float32, one rounding)
  *
- * and each output element is
+ * and each output element is summed in 16 float32 lanes, llama.cpp's order made fixed:
  *
- *     P = sum over the group of q[n, k] x8[m, k],   S = sum over the group of x8[m, k]
- *                                                                  (integers, exact)
- *     c_g = d[m, g] * (scale[n, g] * P + bias[n, g] * S)   (float32: two products, a sum,
- *                                                           a product, each rounded; no FMA)
- *     p_j = +0 + c_j + c_(j+4) + c_(j+8) + ...   (j = 0..3: groups g = j mod 4, ascending)
- *     y[m, n] = (p_0 + p_1) + (p_2 + p_3)
+ *   terms: K in terms of E elements (E = 128 for 4-bit weights, 64 for 8-bit), the last
+ *     padded with zeros; lane L of term t covers the E / 16 consecutive elements
+ *     k = t E + L E / 16 + i (i < E / 16), all in one group g(t, L), and holds their exact
+ *     integer sum P = sum q[n, k] x8[m, k];
+ *   for t ascending:  acc[L] = fma(scale[n, g] * d[m, g], P, acc[L])   (the product rounded,
+ *     then one fused multiply-add; lanes past K have scale = d = P = 0);
+ *   then the biases, 16 groups at a time, ascending (G padded to 16 with zeros):
+ *                     acc[j] = fma(bias[n, 16 c + j], s[m, 16 c + j], acc[j]);
+ *   y[m, n] = the lanes in a fixed tree: h[i] = acc[i] + acc[i + 8], r[i] = h[i] + h[i + 4],
+ *             (r[0] + r[2]) + (r[1] + r[3]).
  *
- * The integer sums are exact whatever their order, so the float steps above are the only
- * rounding, and they read the element's own inputs only: every variant (AVX-512 VNNI's
- * vpdpbusd, AVX-512BW's and AVX2's vpmaddubsw + vpmaddwd, portable C) gives the same bits,
- * for any number of rows, columns or threads. The four strided partial sums let one vector
- * hold 4 columns x 4 consecutive groups ("a block"); G is padded to whole blocks with groups
- * whose d, S and weights are 0, which add exactly nothing (c = +-0, and no p_j is ever -0).
+ * The integer sums are exact whatever their order, and the float steps read the element's
+ * own inputs only, so every variant (AVX-512 VNNI's vpdpbusd, AVX-512BW's and AVX2's
+ * vpmaddubsw + vpmaddwd, portable C with fmaf) gives the same bits, for any number of rows,
+ * columns or threads, and any tiling. Padding adds exactly nothing: an accumulator starts
+ * at +0 and is never -0 (x + -x is +0), so fma(0, 0, acc) = acc.
+ *
+ * Cost: a lane sums 8 (4-bit) or 4 (8-bit) products in integers, and each lane of each term
+ * costs one conversion, one multiply and one multiply-add per row and column (llama.cpp:
+ * the same per block of 32, on 8 lanes); nothing is transposed or summed across lanes but
+ * once per element. A tile of rows x columns shares each term's weight loads and unpacking
+ * (the columns') and each row's loads (the rows').
  *
  * vpmaddubsw adds two u8 x s8 products into an int16 with saturation: 4-bit weights (at
  * most 2 x 15 x 127) never reach it, 8-bit ones (2 x 255 x 127) would, so 8-bit weights are
@@ -555,22 +566,63 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scale
  *
  * Element order: x8 is stored in the order the variant's weight loads produce. 4-bit weights
  * are unpacked low nibbles (even elements) first, then high nibbles (odd elements), per
- * XCHUNK elements; 8-bit weights and the portable variant keep the natural order.
+ * XCHUNK elements; 8-bit weights and the portable variant keep the natural order. A lane's
+ * elements are the same set in every variant.
  */
 #if defined(__AVX512BW__)
 #define XCHUNK 128 /* a 64-byte load of packed 4-bit weights */
-#define MASKED_TAIL 1 /* a row's partial last block read by masked loads, not copied */
 #elif defined(__AVX2__)
-#define XCHUNK 32 /* a 16-byte load, spread over a 32-byte register */
-#define MASKED_TAIL 0
+#define XCHUNK 64 /* a 32-byte load */
 #else
 #define XCHUNK 0
-#define MASKED_TAIL 0
 #endif
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
-typedef float v4f __attribute__((vector_size(16)));
+typedef float v8f __attribute__((vector_size(32)));
+
+/* Elements of a term (E) for a bit width. */
+#define TERM(bits) ((bits) == 4 ? 128 : 64)
+
+#if defined(__AVX2__)
+#define MAYBE_INLINE inline __attribute__((always_inline))
+#else
+#define MAYBE_INLINE __attribute__((noinline)) /* portable: small code, built quickly */
+#endif
+
+static MAYBE_INLINE v16f fma16(v16f a, v16f b, v16f c) {
+#if defined(__AVX512F__)
+    return _mm512_fmadd_ps(a, b, c);
+#elif defined(__FMA__)
+    const __m256 lo = _mm256_fmadd_ps(__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7),
+                                      __builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7),
+                                      __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 hi =
+        _mm256_fmadd_ps(__builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15),
+                        __builtin_shufflevector(b, b, 8, 9, 10, 11, 12, 13, 14, 15),
+                        __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15));
+    const v8f l = lo, h = hi;
+    return __builtin_shufflevector(l, h, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    for (int i = 0; i < 16; i++) c[i] = __builtin_fmaf(a[i], b[i], c[i]); /* fused always */
+    return c;
+#endif
+}
+
+/* The fixed tree over an element's 16 lanes. */
+static inline float reduce16(v16f v) {
+    const v8f h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    typedef float v4 __attribute__((vector_size(16)));
+    const v4 r = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+    return (r[0] + r[2]) + (r[1] + r[3]);
+}
+
+static inline v16f load16(const float *p) {
+    v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
 
 /* Where element k of a row goes in its x8 row (4-bit weights; 8-bit keep k). */
 static inline long x8_position(long k) {
@@ -582,365 +634,355 @@ static inline long x8_position(long k) {
 #endif
 }
 
-/* The rows quantized per group (see above): x8 [M, KP], d and S [M, GP], padding zero. */
-static void quantize_rows(const float *x, int M, int K, int group, int bits, int KP, int GP,
-                          int8_t *x8, float *xd, float *xs) {
-    const int G = K / group;
+/* The rows quantized per group (see above): x8 [M, KP] (padding zero), each term lane's d
+ * [M, T, 16] and each group's d * S [M, GB] (0 in padding). */
+static void quantize_rows(const float *x, int M, int K, int group, int bits, int KP, int T,
+                          int GB, int8_t *x8, float *dx, float *xs) {
+    const int G = K / group, E = TERM(bits), per = E / 16;
+    float *d = malloc(sizeof(float) * (size_t)G);
     memset(x8, 0, (size_t)M * KP);
     for (int m = 0; m < M; m++) {
         const float *xr = x + (long)m * K;
         int8_t *out = x8 + (long)m * KP;
-        for (int g = 0; g < GP; g++) {
-            float d = 0.0f;
-            int sum = 0;
-            if (g < G) {
-                const float *xg = xr + (long)g * group;
-                float amax = 0.0f;
-                int finite = 1;
-                for (int i = 0; i < group; i++) {
-                    const float a = __builtin_fabsf(xg[i]);
-                    amax = a > amax ? a : amax;
-                    finite &= a <= 3.40282347e38f; /* false for inf and NaN */
-                }
-                d = amax / 127.0f;
-                if (!finite) {
-                    /* A NaN or infinity reaches the outputs as NaN (as in a float product),
-                     * not as whatever an 8-bit rounding of it would be. */
-                    d = __builtin_nanf("");
-                } else if (d > 0.0f) {
-                    for (int i = 0; i < group; i++) {
-                        float v = __builtin_rintf(xg[i] / d);
-                        v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-                        const int q = (int)v;
-                        const long k = (long)g * group + i;
-                        out[bits == 4 ? x8_position(k) : k] = (int8_t)q;
-                        sum += q;
-                    }
-                } else {
-                    d = 0.0f;
-                }
+        for (int g = 0; g < G; g++) {
+            const float *xg = xr + (long)g * group;
+            float amax = 0.0f;
+            int finite = 1, sum = 0;
+            for (int i = 0; i < group; i++) {
+                const float a = __builtin_fabsf(xg[i]);
+                amax = a > amax ? a : amax;
+                finite &= a <= 3.40282347e38f; /* false for inf and NaN */
             }
-            xd[(long)m * GP + g] = d;
-            xs[(long)m * GP + g] = (float)sum;
+            float dg = amax / 127.0f;
+            if (!finite) {
+                /* A NaN or infinity reaches the outputs as NaN (as in a float product),
+                 * not as whatever an 8-bit rounding of it would be. */
+                dg = __builtin_nanf("");
+            } else if (dg > 0.0f) {
+                for (int i = 0; i < group; i++) {
+                    float v = __builtin_rintf(xg[i] / dg);
+                    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+                    const int q = (int)v;
+                    const long k = (long)g * group + i;
+                    out[bits == 4 ? x8_position(k) : k] = (int8_t)q;
+                    sum += q;
+                }
+            } else {
+                dg = 0.0f;
+            }
+            d[g] = dg;
+            xs[(long)m * GB + g] = dg * (float)sum; /* S exact (|S| < 2^24) */
         }
+        for (int g = G; g < GB; g++) xs[(long)m * GB + g] = 0.0f;
+        for (int t = 0; t < T; t++)
+            for (int l = 0; l < 16; l++) {
+                const int g = (t * E + l * per) / group;
+                dx[((long)m * T + t) * 16 + l] = g < G ? d[g] : 0.0f;
+            }
     }
+    free(d);
 }
 
+/* -- a term's integer lanes, per variant -------------------------------------------------- */
 #if defined(__AVX512BW__)
-/* acc + the u8 x s8 products of u and s, four to an int32 lane; u at most 15. */
-static inline __m512i dot_u4(__m512i acc, __m512i u, __m512i s) {
-#if defined(__AVX512VNNI__)
-    return _mm512_dpbusd_epi32(acc, u, s);
-#else
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s),
-                                                   _mm512_set1_epi16(1)));
-#endif
-}
+/* One column's term, loaded and unpacked once for all the rows of a tile: 4-bit: a = low
+ * nibbles (even elements), b = high nibbles; 8-bit: a = the bytes (VNNI) or their low
+ * nibbles and b their high nibbles. */
+typedef struct {
+    __m512i a, b;
+} wterm;
 
-/* The same for any u8 (8-bit weights): without VNNI, nibble by nibble (no saturation). */
-static inline __m512i dot_u8(__m512i acc, __m512i u, __m512i s) {
-#if defined(__AVX512VNNI__)
-    return _mm512_dpbusd_epi32(acc, u, s);
-#else
-    const __m512i nib = _mm512_set1_epi8(15);
-    const __m512i lo = _mm512_and_si512(u, nib);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(u, 4), nib);
-    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(lo, s),
-                                                  _mm512_set1_epi16(1)));
-    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(hi, s),
-                                                   _mm512_set1_epi16(16)));
-#endif
-}
-
-/* One load's products: 128 elements of 4-bit weights or 64 of 8-bit ones, into 16 lanes
- * whose 128-bit quarters each cover 32 (16) consecutive elements. */
-/* 64 weight bytes at w + off; with avail >= 0 (a row's last, partial block) only those of
- * the row's avail bytes from w, the rest zero (a masked load reads nothing past the row). */
-static inline __attribute__((always_inline)) __m512i load_w(const uint8_t *w, long off,
-                                                             const long avail) {
-    if (avail < 0) return _mm512_loadu_si512(w + off);
-    const long n = avail - off < 0 ? 0 : avail - off > 64 ? 64 : avail - off;
-    const __mmask64 mask = n == 64 ? ~0ULL : (1ULL << n) - 1;
-    return _mm512_maskz_loadu_epi8(mask, w + off);
-}
-
-static inline __attribute__((always_inline)) __m512i step_dot(const uint8_t *w, const int8_t *x,
-                                                               const int bits, int t,
-                                                               const long avail) {
-    if (bits == 4) {
-        const __m512i packed = load_w(w, 64L * t, avail);
-        const __m512i nib = _mm512_set1_epi8(15);
-        const __m512i lo = _mm512_and_si512(packed, nib);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nib);
-        __m512i acc = dot_u4(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x + 128L * t));
-        return dot_u4(acc, hi, _mm512_loadu_si512(x + 128L * t + 64));
-    }
-    return dot_u8(_mm512_setzero_si512(), load_w(w, 64L * t, avail),
-                  _mm512_loadu_si512(x + 64L * t));
-}
-
-/* [a0 + a1, a2 + a3, b0 + b1, b2 + b3] of 128-bit quarters. */
-static inline __m512i fold2(__m512i a, __m512i b) {
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
-                            _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
-/* A block's products for one column: quarter j holds group j's in 4 lanes. */
-static inline __attribute__((always_inline)) __m512i block_dot(const uint8_t *w,
-                                                                const int8_t *x, const int bits,
-                                                                const int group,
+static inline __attribute__((always_inline)) wterm unpack_term(const uint8_t *w,
+                                                                const int bits,
                                                                 const long avail) {
-    const int steps = 4 * group / (bits == 4 ? 128 : 64);
-    if (steps == 1) return step_dot(w, x, bits, 0, avail);
-    if (steps == 2)
-        return fold2(step_dot(w, x, bits, 0, avail), step_dot(w, x, bits, 1, avail));
-    const int per = steps / 4;
-    __m512i a[4];
-    for (int j = 0; j < 4; j++) {
-        a[j] = step_dot(w, x, bits, j * per, avail);
-        for (int t = 1; t < per; t++)
-            a[j] = _mm512_add_epi32(a[j], step_dot(w, x, bits, j * per + t, avail));
+    /* avail >= 0: a row's partial last term, only avail bytes read (masked, nothing past
+     * the row), the rest zero. */
+    const __m512i raw =
+        avail < 0 ? _mm512_loadu_si512(w)
+                  : _mm512_maskz_loadu_epi8(avail >= 64 ? ~0ULL : (1ULL << avail) - 1, w);
+    const __m512i nib = _mm512_set1_epi8(15);
+    wterm u;
+    (void)bits;
+#if defined(__AVX512VNNI__)
+    if (bits == 8) {
+        u.a = raw;
+        u.b = raw;
+        return u;
     }
-    return fold2(fold2(a[0], a[1]), fold2(a[2], a[3]));
+#endif
+    u.a = _mm512_and_si512(raw, nib);
+    u.b = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+    return u;
 }
 
-/* P of 4 columns x 4 groups of a block, lane 4 c + j. */
-static inline __attribute__((always_inline)) v16i block_p(const uint8_t *const w[4],
-                                                           const int8_t *x, const int bits,
-                                                           const int group, const long avail) {
-    const __m512i v0 = block_dot(w[0], x, bits, group, avail);
-    const __m512i v1 = block_dot(w[1], x, bits, group, avail);
-    const __m512i v2 = block_dot(w[2], x, bits, group, avail);
-    const __m512i v3 = block_dot(w[3], x, bits, group, avail);
-    /* A 4 x 4 transpose-and-sum inside each quarter: lane 4 j + c = P[c][j] ... */
-    const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1),
-                                         _mm512_unpackhi_epi32(v0, v1));
-    const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3),
-                                         _mm512_unpackhi_epi32(v2, v3));
-    const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23),
-                                       _mm512_unpackhi_epi64(t01, t23));
-    /* ... then column-major (lane 4 c + j), as a tile's scales are laid out. */
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m512i cm = _mm512_permutexvar_epi32(idx, s);
+static inline __attribute__((always_inline)) v16i dot_term(const wterm u, const int8_t *x,
+                                                            const int bits) {
+    __m512i acc;
+#if defined(__AVX512VNNI__)
+    if (bits == 4)
+        acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u.a,
+                                                      _mm512_loadu_si512(x)),
+                                  u.b, _mm512_loadu_si512(x + 64));
+    else
+        acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u.a, _mm512_loadu_si512(x));
+#else
+    const __m512i one = _mm512_set1_epi16(1);
+    if (bits == 4) {
+        acc = _mm512_add_epi32(
+            _mm512_madd_epi16(_mm512_maddubs_epi16(u.a, _mm512_loadu_si512(x)), one),
+            _mm512_madd_epi16(_mm512_maddubs_epi16(u.b, _mm512_loadu_si512(x + 64)), one));
+    } else {
+        const __m512i s = _mm512_loadu_si512(x);
+        acc = _mm512_add_epi32(
+            _mm512_madd_epi16(_mm512_maddubs_epi16(u.a, s), one),
+            _mm512_madd_epi16(_mm512_maddubs_epi16(u.b, s), _mm512_set1_epi16(16)));
+    }
+#endif
     v16i out;
-    memcpy(&out, &cm, sizeof out);
+    memcpy(&out, &acc, sizeof out);
     return out;
 }
 #elif defined(__AVX2__)
-/* acc + u8 x s8 products of one 32-element unit, u at most 15 (no saturation). */
-static inline __m256i dot_u4(__m256i acc, __m256i u, __m256i s) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s),
-                                                   _mm256_set1_epi16(1)));
-}
+/* Lanes 0-7 from (a0, b0), 8-15 from (a1, b1): 4-bit: low and high nibbles of each 32-byte
+ * half; 8-bit: low and high nibbles of each 32-byte half (vpmaddubsw would saturate). */
+typedef struct {
+    __m256i a0, b0, a1, b1;
+} wterm;
 
-static inline __m256i dot_u8(__m256i acc, __m256i u, __m256i s) {
+static inline __attribute__((always_inline)) wterm unpack_term(const uint8_t *w,
+                                                                const int bits,
+                                                                const long avail) {
+    (void)bits;
+    uint8_t tail[64];
+    if (avail >= 0) { /* a row's partial last term: a zero-padded copy */
+        memset(tail, 0, sizeof tail);
+        memcpy(tail, w, (size_t)(avail < 64 ? avail : 64));
+        w = tail;
+    }
     const __m256i nib = _mm256_set1_epi8(15);
-    const __m256i lo = _mm256_and_si256(u, nib);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(u, 4), nib);
-    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(lo, s),
-                                                  _mm256_set1_epi16(1)));
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(hi, s),
-                                                   _mm256_set1_epi16(16)));
+    const __m256i r0 = _mm256_loadu_si256((const __m256i *)w);
+    const __m256i r1 = _mm256_loadu_si256((const __m256i *)(w + 32));
+    wterm u;
+    u.a0 = _mm256_and_si256(r0, nib);
+    u.b0 = _mm256_and_si256(_mm256_srli_epi16(r0, 4), nib);
+    u.a1 = _mm256_and_si256(r1, nib);
+    u.b1 = _mm256_and_si256(_mm256_srli_epi16(r1, 4), nib);
+    return u;
 }
 
-/* Group j of a block (relative to the block's start), one column, 8 partial lanes. */
-static inline __attribute__((always_inline)) __m256i group_dot(const uint8_t *w, const int8_t *x, const int bits,
-                                const int group, int j) {
-    __m256i acc = _mm256_setzero_si256();
-    for (int u = j * group / 32; u < (j + 1) * group / 32; u++) {
-        if (bits == 4) {
-            const __m128i packed = _mm_loadu_si128((const __m128i *)(w + 16L * u));
-            const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-            const __m256i q = _mm256_and_si256(both, _mm256_set1_epi8(15));
-            acc = dot_u4(acc, q, _mm256_loadu_si256((const __m256i *)(x + 32L * u)));
-        } else {
-            acc = dot_u8(acc, _mm256_loadu_si256((const __m256i *)(w + 32L * u)),
-                         _mm256_loadu_si256((const __m256i *)(x + 32L * u)));
-        }
-    }
-    return acc;
+static inline __attribute__((always_inline)) __m256i dot_half(__m256i a, __m256i b,
+                                                               const int8_t *x, const int bits) {
+    const __m256i one = _mm256_set1_epi16(1);
+    if (bits == 4) /* x: 32 even elements, then 32 odd ones */
+        return _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_loadu_si256((const __m256i *)x)),
+                              one),
+            _mm256_madd_epi16(
+                _mm256_maddubs_epi16(b, _mm256_loadu_si256((const __m256i *)(x + 32))), one));
+    const __m256i s = _mm256_loadu_si256((const __m256i *)x);
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(a, s), one),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(b, s), _mm256_set1_epi16(16)));
 }
 
-static inline __attribute__((always_inline)) v16i block_p(const uint8_t *const w[4],
-                                                           const int8_t *x, const int bits,
-                                                           const int group, const long avail) {
-    (void)avail; /* a partial block is read from a zero-padded copy */
-    int32_t out[16];
-    for (int c = 0; c < 4; c++) {
-        const __m256i a0 = group_dot(w[c], x, bits, group, 0);
-        const __m256i a1 = group_dot(w[c], x, bits, group, 1);
-        const __m256i a2 = group_dot(w[c], x, bits, group, 2);
-        const __m256i a3 = group_dot(w[c], x, bits, group, 3);
-        const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
-        const __m128i p = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        _mm_storeu_si128((__m128i *)(out + 4 * c), p);
-    }
-    v16i v;
-    memcpy(&v, out, sizeof v);
-    return v;
+static inline __attribute__((always_inline)) v16i dot_term(const wterm u, const int8_t *x,
+                                                            const int bits) {
+    const long half = bits == 4 ? 64 : 32; /* x8 elements per half term */
+    const __m256i lo = dot_half(u.a0, u.b0, x, bits);
+    const __m256i hi = dot_half(u.a1, u.b1, x + half, bits);
+    v16i out;
+    memcpy(&out, &lo, 32);
+    memcpy((char *)&out + 32, &hi, 32);
+    return out;
 }
 #else
-static inline __attribute__((always_inline)) v16i block_p(const uint8_t *const w[4],
-                                                           const int8_t *x, const int bits,
-                                                           const int group, const long avail) {
-    (void)avail; /* a partial block is read from a zero-padded copy */
+/* Portable: the lanes' sums straight from the definition (natural element order). */
+typedef struct {
+    const uint8_t *w;
+    long avail; /* bytes readable from w, or -1: all */
+} wterm;
+
+static inline wterm unpack_term(const uint8_t *w, const int bits, const long avail) {
+    (void)bits;
+    wterm u = {w, avail};
+    return u;
+}
+
+static MAYBE_INLINE v16i dot_term(const wterm u, const int8_t *x, const int bits) {
+    const int per = TERM(bits) / 16;
     v16i out;
-    for (int c = 0; c < 4; c++)
-        for (int j = 0; j < 4; j++) {
-            int32_t sum = 0;
-            for (int i = j * group; i < (j + 1) * group; i++) {
-                const int q = bits == 4 ? (w[c][i / 2] >> (4 * (i & 1))) & 15 : w[c][i];
-                sum += q * x[i];
-            }
-            out[4 * c + j] = sum;
+    for (int l = 0; l < 16; l++) {
+        int32_t sum = 0;
+        for (int i = 0; i < per; i++) {
+            const long k = (long)l * per + i, byte = bits == 4 ? k / 2 : k;
+            if (u.avail >= 0 && byte >= u.avail) continue;
+            const int q = bits == 4 ? (u.w[byte] >> (4 * (k & 1))) & 15 : u.w[byte];
+            sum += q * x[k];
         }
+        out[l] = sum;
+    }
     return out;
 }
 #endif
 
-/* 16 float16 values to float32 (exact). */
-static inline void halves_to_floats(const uint16_t *h, float *out) {
-#if defined(__AVX512F__)
-    __m256i v;
-    memcpy(&v, h, sizeof v);
-    _mm512_storeu_ps(out, _mm512_cvtph_ps(v));
-#elif defined(__F16C__)
-    __m128i a, b;
-    memcpy(&a, h, sizeof a);
-    memcpy(&b, h + 8, sizeof b);
-    _mm256_storeu_ps(out, _mm256_cvtph_ps(a));
-    _mm256_storeu_ps(out + 8, _mm256_cvtph_ps(b));
+/* Column n's scales (or biases) for term t's lanes: lane l = param[n][g(t, l)], 0 past G. */
+static inline __attribute__((always_inline)) v16f term_params(const qmm_t *p, const void *base,
+                                                               int n, int t, const int bits,
+                                                               const int group) {
+    const int E = TERM(bits);
+#if defined(__AVX512BW__)
+    const int spread = E / group; /* groups a term spans: 4, 2, 1, or 0 (half a group) */
+    if (spread <= 1)
+        return (v16f){0} + param(p, base, (long)n * p->G + (long)t * E / group);
+    const int g0 = t * spread, count = p->G - g0 < spread ? p->G - g0 : spread;
+    const __mmask8 mask = (__mmask8)((1u << count) - 1);
+    const __m128 v = p->half ? _mm_cvtph_ps(_mm_maskz_loadu_epi16(
+                                   mask, (const uint16_t *)base + (long)n * p->G + g0))
+                             : _mm_maskz_loadu_ps(mask, (const float *)base + (long)n * p->G + g0);
+    const __m512i idx = spread == 4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3,
+                                                        3, 3, 3)
+                                    : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1,
+                                                        1, 1, 1);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
 #else
-    for (int i = 0; i < 16; i++) {
-        _Float16 f;
-        memcpy(&f, h + i, sizeof f);
-        out[i] = (float)f;
+    v16f out;
+    for (int l = 0; l < 16; l++) {
+        const int g = (t * E + l * (E / 16)) / group;
+        out[l] = g < p->G ? param(p, base, (long)n * p->G + g) : 0.0f;
     }
+    return out;
 #endif
 }
 
-/* A tile's scales (or biases) per block, lane 4 c + j = param[col c][4 kb + j], 0 past G. */
-static void tile_params(const qmm_t *p, const void *base, const int cols[4], int KB,
-                        float *out) {
-    for (int kb = 0; kb < KB; kb++) {
-        float *o = out + 16L * kb;
-        if (4 * kb + 4 <= p->G && p->half) {
-            uint64_t h[4]; /* 4 halves a column */
-            for (int c = 0; c < 4; c++)
-                memcpy(h + c, (const uint16_t *)base + (long)cols[c] * p->G + 4 * kb, 8);
-#if defined(__AVX512F__)
-            /* Built in registers: storing h and loading it as one vector would stall on
-             * store forwarding. */
-            _mm512_storeu_ps(o, _mm512_cvtph_ps(_mm256_setr_epi64x((long long)h[0],
-                                                                   (long long)h[1],
-                                                                   (long long)h[2],
-                                                                   (long long)h[3])));
+/* Column n's biases for groups 16 c .. 16 c + 15, 0 past G. */
+static inline __attribute__((always_inline)) v16f bias_chunk(const qmm_t *p, int n, int c) {
+    const int g0 = 16 * c, count = p->G - g0 < 16 ? p->G - g0 : 16;
+#if defined(__AVX512BW__)
+    const __mmask16 mask = (__mmask16)((1u << count) - 1);
+    if (p->half)
+        return _mm512_cvtph_ps(
+            _mm256_maskz_loadu_epi16(mask, (const uint16_t *)p->biases + (long)n * p->G + g0));
+    return _mm512_maskz_loadu_ps(mask, (const float *)p->biases + (long)n * p->G + g0);
 #else
-            halves_to_floats((const uint16_t *)h, o);
+    v16f out;
+    for (int j = 0; j < 16; j++) out[j] = j < count ? param(p, p->biases, (long)n * p->G + g0 + j) : 0.0f;
+    return out;
 #endif
-        } else if (4 * kb + 4 <= p->G) {
-            for (int c = 0; c < 4; c++)
-                memcpy(o + 4 * c, (const float *)base + (long)cols[c] * p->G + 4 * kb, 16);
-        } else if (MASKED_TAIL) {
-#if MASKED_TAIL
-            const __mmask8 mask = (__mmask8)((1u << (p->G - 4 * kb)) - 1);
-            if (p->half) {
-                __m128i h[4];
-                for (int c = 0; c < 4; c++)
-                    h[c] = _mm_maskz_loadu_epi16(mask, (const uint16_t *)base +
-                                                           (long)cols[c] * p->G + 4 * kb);
-                const __m256i v = _mm256_set_m128i(_mm_unpacklo_epi64(h[2], h[3]),
-                                                   _mm_unpacklo_epi64(h[0], h[1]));
-                _mm512_storeu_ps(o, _mm512_cvtph_ps(v));
-            } else {
-                for (int c = 0; c < 4; c++)
-                    _mm_storeu_ps(o + 4 * c,
-                                  _mm_maskz_loadu_ps(mask, (const float *)base +
-                                                               (long)cols[c] * p->G + 4 * kb));
+}
+
+/* Register tiles: rows x columns of accumulators (16 lanes each). */
+#if defined(__AVX512F__)
+#define I8_ROWS 6 /* 18 accumulators, 6 + 3 weight and scale vectors, x: 32 registers */
+#define I8_COLS_1 4
+#define I8_COLS 3
+#elif defined(__AVX2__)
+#define I8_ROWS 2
+#define I8_COLS_1 2
+#define I8_COLS 2
+#else
+#define I8_ROWS 1
+#define I8_COLS_1 1
+#define I8_COLS 1
+#endif
+#ifndef I8_AHEAD
+#define I8_AHEAD 8 /* columns ahead to prefetch */
+#endif
+#define I8_MAXC (I8_COLS_1 > I8_COLS ? I8_COLS_1 : I8_COLS)
+
+/* Rows m0..m0+R, columns n0..n0+C: each element's arithmetic is the same whatever R and C
+ * are; they only decide which loads and unpackings are shared. */
+static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int m0, const int R,
+                                                             int n0, const int C, const int bits,
+                                                             const int group) {
+    const int E = TERM(bits);
+    const long row_bytes = (long)p->K * bits / 8, term_bytes = (long)E * bits / 8;
+    v16f acc[I8_ROWS][I8_MAXC];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[r][c] = (v16f){0};
+    for (int t = 0; t < p->T; t++) {
+        const long avail = (t + 1) * term_bytes <= row_bytes ? -1 : row_bytes - t * term_bytes;
+        wterm u[I8_MAXC];
+        v16f sc[I8_MAXC];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            /* The weights a few tiles on: a row's weights are a few hundred bytes, too short
+             * a stream for the hardware prefetcher to find at one row a call. */
+            if (n0 + c + I8_AHEAD < p->N) {
+                const long ahead = n0 + c + I8_AHEAD;
+                __builtin_prefetch(p->w + ahead * row_bytes + t * term_bytes);
             }
-#endif
-        } else {
-            for (int c = 0; c < 4; c++)
-                for (int j = 0; j < 4; j++)
-                    o[4 * c + j] = 4 * kb + j < p->G
-                                       ? param(p, base, (long)cols[c] * p->G + 4 * kb + j)
-                                       : 0.0f;
+            u[c] = unpack_term(p->w + (long)(n0 + c) * row_bytes + t * term_bytes, bits, avail);
+            sc[c] = term_params(p, p->scales, n0 + c, t, bits, group);
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const int8_t *xr = p->x8 + (long)(m0 + r) * p->KP + (long)t * E;
+            const v16f dx = load16(p->dx + ((long)(m0 + r) * p->T + t) * 16);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) {
+                const v16f P = __builtin_convertvector(dot_term(u[c], xr, bits), v16f);
+                acc[r][c] = fma16(sc[c] * dx, P, acc[r][c]); /* exact P: |P| < 2^24 */
+            }
         }
     }
-}
-
-/* Rows r0..r0+R of a 4-column tile: each row's arithmetic is the same whatever R is; R > 1
- * only lets the rows share the weights' loads and unpacking (register tiling). */
-#define I8_ROWS 4
-static inline __attribute__((always_inline)) void rows_int8(const qmm_t *p, int r0, const int R,
-                                                            int n, int C, const int cols[4],
-                                                            const float *sc, const float *bi,
-                                                            const uint8_t *tail, const int bits,
-                                                            const int group) {
-    const int KB = p->GP / 4, full = p->G / 4;
-    const long row_bytes = (long)p->K * bits / 8, block_bytes = 4L * group * bits / 8;
-    const long block_elems = 4L * group;
-    v16f acc[I8_ROWS];
-    for (int rr = 0; rr < R; rr++) acc[rr] = (v16f){0};
-    for (int kb = 0; kb < KB; kb++) {
-        const uint8_t *wc[4];
-        const int whole = kb < full || MASKED_TAIL;
-        for (int c = 0; c < 4; c++)
-            wc[c] = whole ? p->w + cols[c] * row_bytes + kb * block_bytes : tail + c * block_bytes;
-        v16f scale, bias;
-        memcpy(&scale, sc + 16L * kb, sizeof scale);
-        memcpy(&bias, bi + 16L * kb, sizeof bias);
-        for (int rr = 0; rr < R; rr++) {
-            const long r = r0 + rr;
-            const int8_t *xb = p->x8 + r * p->KP + kb * block_elems;
-            const v16i P = kb < full ? block_p(wc, xb, bits, group, -1)
-                                     : block_p(wc, xb, bits, group, row_bytes - full * block_bytes);
-            v4f d4, s4;
-            memcpy(&d4, p->xd + r * p->GP + 4 * kb, sizeof d4);
-            memcpy(&s4, p->xs + r * p->GP + 4 * kb, sizeof s4);
-            const v16f dv =
-                __builtin_shufflevector(d4, d4, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
-            const v16f sv =
-                __builtin_shufflevector(s4, s4, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
-            const v16f pf = __builtin_convertvector(P, v16f); /* exact: |P| < 2^24 */
-            const v16f t = scale * pf + bias * sv; /* two roundings, then the sum's */
-            acc[rr] = acc[rr] + dv * t;
+    for (int k = 0; k < p->GB / 16; k++) {
+        v16f b[I8_MAXC];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) b[c] = bias_chunk(p, n0 + c, k);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const v16f s = load16(p->xs + (long)(m0 + r) * p->GB + 16L * k);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) acc[r][c] = fma16(b[c], s, acc[r][c]);
         }
     }
-    for (int rr = 0; rr < R; rr++) {
-        float *yr = p->y + (long)(r0 + rr) * p->N + n;
-        for (int c = 0; c < C; c++)
-            yr[c] = (acc[rr][4 * c] + acc[rr][4 * c + 1]) + (acc[rr][4 * c + 2] + acc[rr][4 * c + 3]);
-    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) p->y[(long)(m0 + r) * p->N + n0 + c] = reduce16(acc[r][c]);
 }
 
+#define I8_ROW_TILE(R, CR)                                                                   \
+    do {                                                                                     \
+        int n = n0;                                                                          \
+        for (; n + (CR) <= n1; n += (CR)) tile_int8(p, m, R, n, CR, bits, group);            \
+        for (; n < n1; n++) tile_int8(p, m, R, n, 1, bits, group);                           \
+    } while (0)
+
+/* Columns n0..n1, all rows: row tiles outer (a tile's x8 rows stay in L1 while it passes
+ * over the columns' weights, which stay in L1 / L2 for the next row tile). */
 static inline __attribute__((always_inline)) void columns_int8_kind(const qmm_t *p, int n0,
                                                                    int n1, const int bits,
                                                                    const int group) {
-    const int KB = p->GP / 4, full = p->G / 4;
-    const long row_bytes = (long)p->K * bits / 8, block_bytes = 4L * group * bits / 8;
-    float *sc = aligned_alloc(64, sizeof(float) * 32 * (size_t)KB);
-    float *bi = sc + 16L * KB;
-    uint8_t *tail = aligned_alloc(64, (size_t)(4 * block_bytes));
-    for (int n = n0; n < n1; n += 4) {
-        const int C = n1 - n < 4 ? n1 - n : 4;
-        int cols[4];
-        for (int c = 0; c < 4; c++) cols[c] = n + c < p->N ? n + c : p->N - 1;
-        tile_params(p, p->scales, cols, KB, sc);
-        tile_params(p, p->biases, cols, KB, bi);
-        if (!MASKED_TAIL && full < KB) { /* the last, partial block: zero-padded copies */
-            memset(tail, 0, (size_t)(4 * block_bytes));
-            for (int c = 0; c < 4; c++)
-                memcpy(tail + c * block_bytes, p->w + cols[c] * row_bytes + full * block_bytes,
-                       (size_t)(row_bytes - full * block_bytes));
-        }
-        int r = 0;
-        for (; r + I8_ROWS <= p->M; r += I8_ROWS)
-            rows_int8(p, r, I8_ROWS, n, C, cols, sc, bi, tail, bits, group);
-        for (; r < p->M; r++) rows_int8(p, r, 1, n, C, cols, sc, bi, tail, bits, group);
+    if (p->M == 1) {
+        const int m = 0;
+        I8_ROW_TILE(1, I8_COLS_1);
+        return;
     }
-    free(tail);
-    free(sc);
+    for (int m = 0; m < p->M;) {
+        const int R = p->M - m < I8_ROWS ? p->M - m : I8_ROWS;
+        switch (R) {
+        case 1: I8_ROW_TILE(1, I8_COLS_1); break;
+#if I8_ROWS >= 2
+        case 2: I8_ROW_TILE(2, I8_COLS); break;
+#endif
+#if I8_ROWS >= 3
+        case 3: I8_ROW_TILE(3, I8_COLS); break;
+#endif
+#if I8_ROWS >= 4
+        case 4: I8_ROW_TILE(4, I8_COLS); break;
+#endif
+#if I8_ROWS >= 5
+        case 5: I8_ROW_TILE(5, I8_COLS); break;
+#endif
+#if I8_ROWS >= 6
+        case 6: I8_ROW_TILE(6, I8_COLS); break;
+#endif
+        default: break;
+        }
+        m += R;
+    }
 }
 
 /* Columns n0..n1, all rows, in the integer-dot mode: one specialised copy per kind. */
@@ -963,15 +1005,18 @@ int mtplx_qmm_int8(const float *x, int M, int K, const uint32_t *w, const void *
         K % group != 0)
         return -1;
     if (M <= 0 || N <= 0) return 0;
-    const int G = K / group, GP = (G + 3) / 4 * 4, KP = GP * group;
+    const int G = K / group, E = TERM(bits), T = (K + E - 1) / E, KP = T * E;
+    const int GB = (G + 15) / 16 * 16;
     int8_t *x8 = aligned_alloc(64, ((size_t)M * KP + 63) / 64 * 64);
-    float *xd = malloc(sizeof(float) * 2 * (size_t)M * GP);
-    float *xs = xd + (long)M * GP;
-    quantize_rows(x, M, K, group, bits, KP, GP, x8, xd, xs);
-    qmm_t p = {x, (const uint8_t *)w, scales, biases, y, M, N, K, G, bits, group, half != 0,
-               1, x8, xd, xs, KP, GP};
+    float *dx = aligned_alloc(64, sizeof(float) * ((size_t)M * T * 16 + (size_t)M * GB));
+    float *xs = dx + (long)M * T * 16;
+    quantize_rows(x, M, K, group, bits, KP, T, GB, x8, dx, xs);
+    qmm_t p = {.x = x, .w = (const uint8_t *)w, .scales = scales, .biases = biases, .y = y,
+               .M = M, .N = N, .K = K, .G = G, .bits = bits, .group = group,
+               .half = half != 0, .int8 = 1, .x8 = x8, .dx = dx, .xs = xs, .KP = KP, .T = T,
+               .GB = GB};
     run(&p);
-    free(xd);
+    free(dx);
     free(x8);
     return 0;
 }

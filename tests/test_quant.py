@@ -229,17 +229,40 @@ def _unpacked(packed, bits: int) -> np.ndarray:
     return q.reshape(words.shape[0], -1).astype(np.int64)
 
 
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fma(a, b, c) in float32, rounded once, as the C kernel's fmaf / vfmadd: a * b exact in
+    float64 (both operands carry at most 24 significant bits), the sum with its exact error
+    (TwoSum), and the float32 rounding corrected where the float64 sum sits exactly on a
+    float32 midpoint and the error decides the side."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = a.astype(np.float64) * b.astype(np.float64)
+        c64 = c.astype(np.float64)
+        s = p + c64
+        bv = s - p
+        e = (p - (s - bv)) + (c64 - bv)
+        r = s.astype(np.float32)
+        r64 = r.astype(np.float64)
+        toward = np.nextafter(r, np.where(s > r64, np.float32(np.inf), np.float32(-np.inf)))
+        midpoint = (s != r64) & (s == (r64 + toward.astype(np.float64)) / 2) & (e != 0)
+        # On a midpoint the exact sum s + e lies on e's side of it.
+        fix = midpoint & ((e > 0) == (toward > r))
+    return np.where(fix, toward, r).astype(np.float32)
+
+
 def _int8_reference(x: np.ndarray, packed, scales, biases, bits: int, group: int) -> np.ndarray:
     """The integer-dot product in NumPy, step for step as quant_kernel.c defines it: rows
-    quantized per group (d = max|x| / 127, x8 = rint(x / d), an all-zero group d = 0), exact
-    integer sums P and S, then c = d * (scale * P + bias * S) in float32, summed into four
-    partial sums by group index mod 4 (ascending) and (p0 + p1) + (p2 + p3)."""
+    quantized per group (d = max|x| / 127, x8 = rint(x / d), an all-zero group d = 0), then
+    16 float32 lanes per element: terms of E = 128 (4-bit) / 64 (8-bit) elements, lane L
+    of a term the exact integer sum over its E / 16 consecutive elements,
+    acc = fma(scale * d, P, acc) term by term, then acc = fma(bias, d * S, acc) 16 groups
+    at a time, and the lanes summed in the fixed tree."""
     q = _unpacked(packed, bits)  # [N, K]
     s = np.array(scales.astype(mx.float32))  # [N, G] float32
     b = np.array(biases.astype(mx.float32))
     x = np.asarray(x, dtype=np.float32)
     m = x.shape[0]
     n, g_count = s.shape
+    k = g_count * group
     xg = x.reshape(m, g_count, group)
     finite = np.isfinite(xg).all(axis=2)
     safe = np.where(np.isfinite(xg), xg, np.float32(0))
@@ -250,15 +273,69 @@ def _int8_reference(x: np.ndarray, packed, scales, biases, bits: int, group: int
     x8 = np.where(live[..., None], np.clip(x8, -127, 127), 0).astype(np.int64)
     d = np.where(live, d, np.float32(0)).astype(np.float32)
     d = np.where(finite, d, np.float32(np.nan)).astype(np.float32)
-    sums = x8.sum(axis=2).astype(np.float32)  # S [M, G], exact
-    p = np.einsum("mgi,ngi->mng", x8, q.reshape(n, g_count, group)).astype(np.float32)
-    assert d.dtype == sums.dtype == p.dtype == s.dtype == np.float32
-    c = d[:, None, :] * (s[None] * p + b[None] * sums[:, None, :])  # [M, N, G] float32
-    partial = np.zeros((m, n, 4), np.float32)
     with np.errstate(invalid="ignore"):
-        for g in range(g_count):
-            partial[..., g % 4] += c[..., g]
-    return (partial[..., 0] + partial[..., 1]) + (partial[..., 2] + partial[..., 3])
+        xs = d * x8.sum(axis=2).astype(np.float32)  # [M, G] float32: d * S, one rounding
+    # The terms: [M | N, T, 16 lanes, E / 16 elements], zero past K.
+    e = 128 if bits == 4 else 64
+    t_count = -(-k // e)
+    per = e // 16
+    x8p = np.zeros((m, t_count * e), np.int64)
+    x8p[:, :k] = x8.reshape(m, k)
+    qp = np.zeros((n, t_count * e), np.int64)
+    qp[:, :k] = q
+    lanes = np.einsum(
+        "mtli,ntli->mntl",
+        x8p.reshape(m, t_count, 16, per),
+        qp.reshape(n, t_count, 16, per),
+    ).astype(np.float32)  # [M, N, T, 16] exact: |P| < 2^24
+    g_of = (np.arange(t_count)[:, None] * e + np.arange(16)[None, :] * per) // group  # [T, 16]
+    valid = g_of < g_count
+    g_safe = np.where(valid, g_of, 0)
+    dx = np.where(valid[None], d[:, g_safe], np.float32(0)).astype(np.float32)  # [M, T, 16]
+    sc = np.where(valid[None], s[:, g_safe], np.float32(0)).astype(np.float32)  # [N, T, 16]
+    acc = np.zeros((m, n, 16), np.float32)
+    with np.errstate(invalid="ignore"):
+        for t in range(t_count):
+            dd = sc[None, :, t, :] * dx[:, None, t, :]  # [M, N, 16] float32, rounded
+            acc = _fma32(dd, lanes[:, :, t, :], acc)
+        gb = -(-g_count // 16) * 16
+        xs_p = np.zeros((m, gb), np.float32)
+        xs_p[:, :g_count] = xs
+        b_p = np.zeros((n, gb), np.float32)
+        b_p[:, :g_count] = b
+        for c in range(gb // 16):
+            chunk = slice(16 * c, 16 * c + 16)
+            acc = _fma32(
+                np.broadcast_to(b_p[None, :, chunk], acc.shape),
+                np.broadcast_to(xs_p[:, None, chunk], acc.shape),
+                acc,
+            )
+        h = acc[..., :8] + acc[..., 8:]
+        r = h[..., :4] + h[..., 4:]
+        return (r[..., 0] + r[..., 2]) + (r[..., 1] + r[..., 3])
+
+
+def test_fma_twin_rounds_once() -> None:
+    """The twin's float32 fma against cases where a product-then-sum or a float64 fma
+    rounded to float32 (double rounding) would differ."""
+    one = np.float32(1)
+    eps = np.float32(2.0**-23)
+    # (1 + eps) * (1 - eps) = 1 - eps^2: rounded once it is just below 1 ...
+    a = np.array([one + eps], np.float32)
+    b = np.array([one - eps], np.float32)
+    c = np.array([-1.0], np.float32)
+    assert _fma32(a, b, c)[0] == np.float32(-(2.0**-46))
+    # ... and a sum whose float64 rounding lands on a float32 midpoint (1 + 3 * 2^-24),
+    # whose tie-to-even would go up, while the exact sum lies just below it.
+    a = np.array([np.float32(2.0**-24) * (one + eps)], np.float32)
+    b = np.array([one - eps], np.float32)  # a * b = 2^-24 - 2^-70
+    c = np.array([one + eps], np.float32)
+    assert (c.astype(np.float64) + a.astype(np.float64) * b)[0] == 1 + 3 * 2.0**-24
+    assert _fma32(a, b, c)[0] == one + eps
+    assert _fma32(a, -b, -c)[0] == -(one + eps)
+    # NaN and infinities pass through.
+    assert np.isnan(_fma32(np.array([np.nan], np.float32), b, c)[0])
+    assert _fma32(a, b, np.array([np.inf], np.float32))[0] == np.inf
 
 
 def _int8(x: np.ndarray, packed, scales, biases, bits: int, group: int) -> np.ndarray:
@@ -353,6 +430,28 @@ def test_int8_mode_is_invariant_over_thread_counts() -> None:
     for y in results[1:]:
         np.testing.assert_array_equal(y, results[0])
     np.testing.assert_array_equal(results[0], _int8_reference(x, packed, scales, biases, 8, 64))
+
+
+@pytest.mark.parametrize(("bits", "group", "k"), [(4, 32, 576), (4, 64, 320), (8, 32, 96)])
+def test_int8_mode_partial_last_term_over_rows_and_threads(bits: int, group: int, k: int) -> None:
+    """K not a whole number of terms (the default model's 576 is 4.5 terms of 128): the
+    padded lanes add nothing, alone, in every row tile and in every thread split."""
+    rng = np.random.default_rng(k + bits)
+    packed, scales, biases = _weights(rng, 301, k, bits, group, half=True)
+    x = rng.standard_normal((13, k)).astype(np.float32)
+    twin = _int8_reference(x, packed, scales, biases, bits, group)
+    ext = quant.load_extension()
+    before = ext.threads()
+    try:
+        for threads in (1, 2):
+            quant.set_threads(threads)
+            np.testing.assert_array_equal(_int8(x, packed, scales, biases, bits, group), twin)
+            for i in range(13):
+                np.testing.assert_array_equal(
+                    _int8(x[i : i + 1], packed, scales, biases, bits, group), twin[i : i + 1]
+                )
+    finally:
+        quant.set_threads(before)
 
 
 def test_int8_mode_in_lazy_graphs_and_bad_modes() -> None:
