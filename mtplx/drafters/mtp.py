@@ -22,6 +22,11 @@ from mtplx.drafters.base import Drafter, DraftSampler, OneSource
 from mtplx.models.base import LoadedModel, MTPHead
 from mtplx.models.fused_head import fuse_head
 
+# Queued pairs past this many (a prompt's, at its first draft) reach the head's cache in
+# chunks of this many: one head forward over thousands of pairs would hold an attention
+# score matrix of their count squared per head (GBs for a prompt of a few thousand tokens).
+CATCH_UP_CHUNK = 256
+
 
 class MTPDrafter(OneSource):
     """Drafts with ``model.mtp_heads[0]``, recursively for depth > 1."""
@@ -164,9 +169,27 @@ class MTPDrafter(OneSource):
         hidden_in = mx.concatenate(self.pending_hidden, axis=1)
         tokens_in = mx.concatenate(self.pending_tokens)[None]
         valid = self.pending_valid
+        if valid is None:
+            hidden_in, tokens_in = self._catch_up(hidden_in, tokens_in)
         self._last_size = int(self.pending_tokens[-1].shape[0])
         self.pending_hidden, self.pending_tokens, self.pending_valid = [], [], None
         return hidden_in, tokens_in, valid
+
+    def _catch_up(self, hidden: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
+        """Feed all but the last (at most CATCH_UP_CHUNK) of the queued pairs to the head's
+        cache, CATCH_UP_CHUNK at a time from the first, each chunk evaluated before the
+        next is built; returns the pairs left (hidden [1, r, H], tokens [1, r]). The
+        chunks' boundaries depend only on the pairs queued, so a prompt's cache is the
+        same however it was prefilled (cold or from the prefix cache)."""
+        count = int(tokens.shape[1])
+        left = (count - 1) % CATCH_UP_CHUNK + 1
+        for start in range(0, count - left, CATCH_UP_CHUNK):
+            end = start + CATCH_UP_CHUNK
+            ((_, out_hidden),) = self.head.forward_rows(
+                [hidden[:, start:end]], [tokens[:, start:end]], [self.cache]
+            )
+            mx.eval(out_hidden)  # the cache's update with it; the chunk's logits are unused
+        return hidden[:, count - left :], tokens[:, count - left :]
 
     def _first(
         self,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mtplx.drafters.base import DraftSampler
-from mtplx.drafters.mtp import MTPDrafter
+from mtplx.drafters.mtp import CATCH_UP_CHUNK, MTPDrafter
 from mtplx.models import LoadedModel, load
 from mtplx.models.fused_head import fuse_head
 from mtplx.sampling import SamplerConfig
@@ -130,6 +130,43 @@ def test_a_row_drafts_alone_what_it_drafts_among_sixteen(model: LoadedModel, see
                 if cycle == 2:  # the lazy commit's verdict is read: one pair rejected
                     drafter.settle(1)
                 drafter.commit(_tokens(row, 2, cycle), _hidden(model, row, 2, 10 + cycle))
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+def test_a_long_prompt_reaches_the_head_in_chunks(
+    model: LoadedModel, seeded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt's pairs queued at once reach the head's cache at most CATCH_UP_CHUNK a
+    forward, and the drafts equal those of the same pairs committed and fed a chunk at a
+    time by proposals of their own, bitwise."""
+    count = 2 * CATCH_UP_CHUNK + 37
+    prompt, hidden = _tokens(0, count, 0), _hidden(model, 0, count, 0)
+    head = model.mtp_heads[0]
+    sizes: list[int] = []
+    forward_rows = head.forward_rows
+
+    def recorded(hiddens, tokens, caches):  # type: ignore[no-untyped-def]
+        sizes.extend(int(t.shape[1]) for t in tokens)
+        return forward_rows(hiddens, tokens, caches)
+
+    monkeypatch.setattr(head, "forward_rows", recorded)
+    at_once = MTPDrafter(model)
+    at_once.reset(prompt)
+    at_once.commit([*prompt[1:], 5], hidden)
+    want_tokens, want_qs = at_once.propose(prompt, 3, _sampler(model, 0, seeded, 3, 0))
+    assert max(sizes) == CATCH_UP_CHUNK and sum(sizes) == count + 2
+    chunked = MTPDrafter(model)
+    chunked.reset(prompt)
+    pairs = [*prompt[1:], 5]
+    for start in range(0, count, CATCH_UP_CHUNK):
+        end = min(start + CATCH_UP_CHUNK, count)
+        chunked.commit(pairs[start:end], hidden[:, start:end])
+        if end < count:
+            chunked.propose(prompt, 1, _sampler(model, 0, seeded, 1, 0))
+    tokens, qs = chunked.propose(prompt, 3, _sampler(model, 0, seeded, 3, 0))
+    np.testing.assert_array_equal(np.array(mx.stack(tokens)), np.array(mx.stack(want_tokens)))
+    for q, want in zip(qs, want_qs, strict=True):
+        np.testing.assert_array_equal(np.array(q), np.array(want))
 
 
 @pytest.fixture(scope="module", params=["deepseek_v3", "deepseek_v4"])
