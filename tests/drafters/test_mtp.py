@@ -92,6 +92,30 @@ def _sampler(model: LoadedModel, row: int, seeded: bool, depth: int, cycle: int)
     return DraftSampler(config, model.target.vocab_size, uniforms, None, model.draft_vocab)
 
 
+def _assert_batch_drafts_alone(
+    model: LoadedModel, alone: list, batched: list, cycle: int, seeded: bool
+) -> None:
+    """One cycle at depths 0..4 by row: every row's draft tokens and q from one batched
+    proposal equal its proposal alone (``alone``), bitwise."""
+    depths = [(row + cycle) % 5 for row in range(NUM_ROWS)]
+    histories = [_tokens(row, 8, cycle) for row in range(NUM_ROWS)]
+    expected = [
+        d.propose(h, k, _sampler(model, row, seeded, k, cycle))
+        for row, (d, h, k) in enumerate(zip(alone, histories, depths, strict=True))
+    ]
+    samplers = [_sampler(model, row, seeded, k, cycle) for row, k in enumerate(depths)]
+    got = batched[0].propose_batch(list(batched), histories, depths, samplers)
+    for row, ((want_tokens, want_qs), (tokens, qs)) in enumerate(zip(expected, got, strict=True)):
+        assert len(tokens) == len(want_tokens) == depths[row]
+        np.testing.assert_array_equal(
+            np.array(mx.stack(tokens)) if tokens else [],
+            np.array(mx.stack(want_tokens)) if want_tokens else [],
+            str(row),
+        )
+        for q, want in zip(qs, want_qs, strict=True):
+            np.testing.assert_array_equal(np.array(q), np.array(want), str(row))
+
+
 @pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
 def test_a_row_drafts_alone_what_it_drafts_among_sixteen(model: LoadedModel, seeded: bool) -> None:
     """Three cycles of depths 0..4 (the second cycle's pairs committed lazily and fed with
@@ -100,25 +124,7 @@ def test_a_row_drafts_alone_what_it_drafts_among_sixteen(model: LoadedModel, see
     their pairs queued."""
     alone, batched = _drafters(model), _drafters(model)
     for cycle in range(3):
-        depths = [(row + cycle) % 5 for row in range(NUM_ROWS)]
-        histories = [_tokens(row, 8, cycle) for row in range(NUM_ROWS)]
-        expected = [
-            d.propose(h, k, _sampler(model, row, seeded, k, cycle))
-            for row, (d, h, k) in enumerate(zip(alone, histories, depths, strict=True))
-        ]
-        samplers = [_sampler(model, row, seeded, k, cycle) for row, k in enumerate(depths)]
-        got = batched[0].propose_batch(list(batched), histories, depths, samplers)
-        for row, ((want_tokens, want_qs), (tokens, qs)) in enumerate(
-            zip(expected, got, strict=True)
-        ):
-            assert len(tokens) == len(want_tokens) == depths[row]
-            np.testing.assert_array_equal(
-                np.array(mx.stack(tokens)) if tokens else [],
-                np.array(mx.stack(want_tokens)) if want_tokens else [],
-                str(row),
-            )
-            for q, want in zip(qs, want_qs, strict=True):
-                np.testing.assert_array_equal(np.array(q), np.array(want), str(row))
+        _assert_batch_drafts_alone(model, alone, batched, cycle, seeded)
         for row in range(NUM_ROWS):  # the cycle's verdict: two of three pairs hold
             for drafters in (alone, batched):
                 drafter = drafters[row]
@@ -145,7 +151,7 @@ def test_a_long_prompt_reaches_the_head_in_chunks(
     sizes: list[int] = []
     forward_rows = head.forward_rows
 
-    def recorded(hiddens, tokens, caches):  # type: ignore[no-untyped-def]
+    def recorded(hiddens: list[mx.array], tokens: list[mx.array], caches: list) -> list:
         sizes.extend(int(t.shape[1]) for t in tokens)
         return forward_rows(hiddens, tokens, caches)
 
@@ -200,22 +206,7 @@ def test_a_deepseek_head_row_drafts_alone_what_it_drafts_among_sixteen(
     alone, batched = _deepseek_drafters(model), _deepseek_drafters(model)
     assert not alone[0].commits_lazily
     for cycle in range(3):
-        depths = [(row + cycle) % 5 for row in range(NUM_ROWS)]
-        histories = [_tokens(row, 8, cycle) for row in range(NUM_ROWS)]
-        expected = [
-            d.propose(h, k, _sampler(model, row, seeded, k, cycle))
-            for row, (d, h, k) in enumerate(zip(alone, histories, depths, strict=True))
-        ]
-        samplers = [_sampler(model, row, seeded, k, cycle) for row, k in enumerate(depths)]
-        got = batched[0].propose_batch(list(batched), histories, depths, samplers)
-        for row, ((want_tokens, want_qs), (tokens, qs)) in enumerate(
-            zip(expected, got, strict=True)
-        ):
-            assert len(tokens) == len(want_tokens) == depths[row]
-            for token, want in zip(tokens, want_tokens, strict=True):
-                assert token.item() == want.item(), row
-            for q, want in zip(qs, want_qs, strict=True):
-                np.testing.assert_array_equal(np.array(q), np.array(want), str(row))
+        _assert_batch_drafts_alone(model, alone, batched, cycle, seeded)
         for row in range(NUM_ROWS):  # the cycle's verdict: two pairs committed
             hidden = mx.random.normal((1, 2, size), key=mx.random.key(100 * cycle + row))
             for drafters in (alone, batched):
