@@ -250,14 +250,15 @@ def test_a_stream_passes_through_unbuffered(lb: Balancer, replicas: list[str], l
         assert reply.status_code == 200
         replica = replicas[int(reply.headers["x-mtplx-replica"].removeprefix("replica")) - 1]
         before = chat_requests(scrape(replica))
-        for line in reply.iter_lines():  # up to the first generated text
+        lines = reply.iter_lines()  # one iterator: httpx streams a body once
+        for line in lines:  # up to the first generated text
             if line.startswith("data: "):
                 chunk = json.loads(line.removeprefix("data: "))
                 if chunk["choices"][0]["delta"].get("content"):
                     break
         metrics = scrape(replica)
         running = sample(metrics, "mtplx_requests_running")
-        ending = [] if running == 1 else _rest_of(reply.iter_lines())
+        ending = [] if running == 1 else _rest_of(lines)
     # Still generating when its first text came through (if not: how the stream ended, and
     # what the replica counted and logged, so that a failure explains itself).
     assert running == 1, (ending, _requests_by_status(metrics), _log_tail(logs, replica, replicas))
