@@ -65,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         commands.choices[name].add_argument(
             "--activations",
             choices=("int8", "float32"),
-            help="how the quantized kernel treats the rows it multiplies: float32 (the float "
-            "product of the dequantized weights) or int8 (rows quantized to 8 bits per group, "
-            "integer dot products: faster, different numbers); sets MTPLX_ACTIVATIONS",
+            help="how the quantized kernel treats the rows it multiplies: int8 (default: rows "
+            "quantized to 8 bits per group, integer dot products, as llama.cpp does) or float32 "
+            "(the float product of the dequantized weights: slower, the f32 path's numbers); "
+            "sets MTPLX_ACTIVATIONS",
         )
     args = parser.parse_args(argv)
     # Before anything imports mlx-lm, which would otherwise set the open-file limits itself.

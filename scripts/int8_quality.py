@@ -7,9 +7,12 @@ mode, each in a fresh process (``MTPLX_ACTIVATIONS`` is a process setting), and 
   docs): top-1 agreement of the greedy next token and mean KL(float32 || int8) in nats;
 - greedy plain decoding of chat prompts: tokens equal before the first difference;
 - the MTP head's acceptance rate at depths 1, 2 and 3 (greedy, fixed depth, the same
-  prompts), per mode.
+  prompts), per mode;
+- with ``--llamacpp`` (llama-cpp-python installed: ``make install-llamacpp``): llama.cpp's
+  teacher-forced logits on the same GGUF and tokens, as a third column (its Q4_1 / Q8_0 dot
+  products quantize their rows to 8 bits too).
 
-    python scripts/int8_quality.py [--positions 600] [--tokens 64]
+    python scripts/int8_quality.py [--positions 600] [--tokens 64] [--llamacpp]
 """
 
 from __future__ import annotations
@@ -56,11 +59,12 @@ def worker(out: Path, positions: int, tokens: int) -> None:
     model = load(ensure_default_model("native"))
     owner = model.target.trunk.owner  # type: ignore[attr-defined]
     per_text = positions // len(TEXTS)
-    logits = []
+    logits, inputs = [], []
     for path in TEXTS:
         ids = model.tokenizer.encode(path.read_text())[: per_text + 1]
         out_logits = owner(mx.array(ids[:-1])[None])[0].astype(mx.float32)  # [T, V]
         logits.append(np.array(out_logits))
+        inputs.append(ids[:-1])
     engine = Engine(model)
     greedy = SamplerConfig(temperature=0.0)
 
@@ -91,7 +95,11 @@ def worker(out: Path, positions: int, tokens: int) -> None:
         assert stats is not None
         return out_tokens, list(stats.drafted_per_position), list(stats.accepted_per_position)
 
-    result: dict[str, object] = {"activations": activations_format(), "weights": model.weights}
+    result: dict[str, object] = {
+        "activations": activations_format(),
+        "weights": model.weights,
+        "inputs": inputs,
+    }
     plain = [run(p, "none", 0)[0] for p in PROMPTS]
     result["plain"] = plain
     for depth in (1, 2, 3):
@@ -109,6 +117,36 @@ def worker(out: Path, positions: int, tokens: int) -> None:
     out.with_suffix(".json").write_text(json.dumps(result))
 
 
+def llamacpp_logits(inputs: list[list[int]]) -> np.ndarray:
+    """llama.cpp's next-token logits [T, V] for each text's tokens, on the default GGUF."""
+    from llama_cpp import Llama
+
+    from mtplx.models.gguf import default_gguf_path
+
+    llm = Llama(
+        model_path=str(default_gguf_path()),
+        n_ctx=2048,
+        n_threads=os.cpu_count(),
+        logits_all=True,
+        verbose=False,
+    )
+    out = []
+    for ids in inputs:
+        llm.reset()
+        llm.eval(ids)
+        out.append(np.array(llm.scores[: len(ids)], dtype=np.float32))
+    return np.concatenate(out)
+
+
+def _compare(name: str, f: np.ndarray, other: np.ndarray) -> None:
+    lf, lo = _log_softmax(f), _log_softmax(other)
+    kl = (np.exp(lf) * (lf - lo)).sum(axis=-1)
+    top1 = (f.argmax(-1) == other.argmax(-1)).mean()
+    print(f"{name}: top-1 agreement {100 * top1:.2f}%, KL mean {kl.mean():.5f} nats, "
+          f"median {np.median(kl):.5f}, p99 {np.quantile(kl, 0.99):.4f}, max {kl.max():.4f}, "
+          f"max |logit difference| {np.abs(f - other).max():.4f}")  # fmt: skip
+
+
 def _log_softmax(z: np.ndarray) -> np.ndarray:
     z = z.astype(np.float64)
     z = z - z.max(axis=-1, keepdims=True)
@@ -119,6 +157,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--positions", type=int, default=600)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--llamacpp", action="store_true", help="add llama.cpp's logits")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -150,6 +189,11 @@ def main() -> None:
     print(f"KL(float32 || int8): mean {kl.mean():.5f} nats, median {np.median(kl):.5f}, "
           f"p99 {np.quantile(kl, 0.99):.4f}, max {kl.max():.4f}")  # fmt: skip
     print(f"max |logit difference|: {np.abs(f - i).max():.4f} (logit std {f.std():.3f})")
+    if args.llamacpp:
+        sys.path.insert(0, str(ROOT))
+        llama = llamacpp_logits(results["float32"]["inputs"])
+        _compare("llama.cpp vs float32", f, llama)
+        _compare("llama.cpp vs int8", i, llama)
     same = []
     for a, b in zip(results["float32"]["plain"], results["int8"]["plain"], strict=True):
         n = next((k for k, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))

@@ -228,7 +228,11 @@ def _run(target: SlotTarget) -> list[tuple[mx.array, mx.array]]:
     return outputs
 
 
-def test_fused_forwards_give_the_compiled_bits(model) -> None:
+@pytest.mark.parametrize("activations", ["int8", "float32"])
+def test_fused_forwards_give_the_compiled_bits(
+    model, activations: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MTPLX_ACTIVATIONS", activations)
     fused = SlotTarget(model.target, max_rows=8, attention="kernel")
     assert fused.fuses_layers == _quantized(model)
     if not fused.fuses_layers:
@@ -245,6 +249,7 @@ def test_fused_forwards_follow_the_activations_mode(model, monkeypatch: pytest.M
     compiled pieces do: the same bits as those, and not the float mode's."""
     if not _quantized(model):
         return
+    monkeypatch.setenv("MTPLX_ACTIVATIONS", "float32")
     float_mode = _run(SlotTarget(model.target, max_rows=8, attention="kernel"))
     monkeypatch.setenv("MTPLX_ACTIVATIONS", "int8")
     fused = SlotTarget(model.target, max_rows=8, attention="kernel")

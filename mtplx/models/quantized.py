@@ -12,8 +12,8 @@ line): ``native`` (default) keeps the checkpoint's quantization where the kernel
 ``f32`` dequantizes everything to float32 (the format before the kernel existed, kept for
 comparison and for models that need it). Layers the kernel does not take (other modes, bit
 widths or group sizes) are dequantized one by one. How the kernel treats the rows it
-multiplies is ``MTPLX_ACTIVATIONS`` (``--activations``, ``activations_format``): ``float32``
-or ``int8`` (8-bit rows, integer dot products).
+multiplies is ``MTPLX_ACTIVATIONS`` (``--activations``, ``activations_format``): ``int8``
+(default: 8-bit rows, integer dot products, llama.cpp's kind of arithmetic) or ``float32``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ __all__ = [
 
 FORMATS = ("native", "f32")
 ACTIVATIONS = ("int8", "float32")
-DEFAULT_ACTIVATIONS = "float32"
+DEFAULT_ACTIVATIONS = "int8"
 KERNEL_BITS = (4, 8)
 KERNEL_GROUPS = (32, 64, 128)
 
@@ -67,9 +67,10 @@ def weights_format() -> str:
 
 def activations_format() -> str:
     """How quantized products treat their rows, from ``MTPLX_ACTIVATIONS`` (``--activations``):
-    ``float32`` multiplies them by the dequantized weights (the float32 path's numbers, to its
-    rounding); ``int8`` quantizes them per weight group to 8 bits and uses integer dot
-    products (faster; different numbers, still batch-invariant). A process setting, read when
+    ``int8`` (default) quantizes them per weight group to 8 bits and uses integer dot
+    products (as llama.cpp does: faster, different numbers, still batch-invariant);
+    ``float32`` multiplies them by the dequantized weights (the float32 path's numbers, to
+    its rounding). A process setting, read when
     a forward's graph is built: set it before loading a model."""
     value = os.environ.get("MTPLX_ACTIVATIONS", "").strip().lower() or DEFAULT_ACTIVATIONS
     if value in ("f32", "fp32"):
