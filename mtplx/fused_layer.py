@@ -54,10 +54,12 @@ def before(
     head_dim: int,
     rope_dims: int,
     eps: float,
+    int8: bool | None = None,
 ) -> tuple[mx.array, mx.array, mx.array]:
     """A layer's first half, lazily: x [..., N, H], norm [H], cos and sin [N or 1, dims / 2]
     (mlx's RoPE angles of each token, or of the one token) -> q [N, heads, d] and k, v
-    [N, kv_heads, d] (q and k roped)."""
+    [N, kv_heads, d] (q and k roped). ``int8``: the activations mode (None: the process's,
+    ``activations_format()``; a forward reads it once for all its layers)."""
     q, k, v = load_extension().layer_before(
         x,
         norm,
@@ -71,7 +73,7 @@ def before(
         head_dim,
         rope_dims,
         float(eps),
-        activations_format() == "int8",
+        activations_format() == "int8" if int8 is None else int8,
     )
     return q, k, v
 
@@ -84,9 +86,10 @@ def after(
     gate_up: QuantWeight,
     down: QuantWeight,
     eps: float,
+    int8: bool | None = None,
 ) -> mx.array:
     """A layer's second half, lazily: x [..., N, H], attended [N, heads * d] -> [..., N, H]:
-    ``x + o``, then ``+ down(swiglu(gate_up(rms_norm(x + o))))``."""
+    ``x + o``, then ``+ down(swiglu(gate_up(rms_norm(x + o))))``; ``int8`` as ``before``."""
     return load_extension().layer_after(
         x,
         attended,
@@ -101,7 +104,7 @@ def after(
         down.bits,
         down.group_size,
         float(eps),
-        activations_format() == "int8",
+        activations_format() == "int8" if int8 is None else int8,
     )
 
 

@@ -283,6 +283,8 @@ def _nanobind_object(cxx: str, nb: Path, includes: list[str]) -> Path:
 def load_extension() -> ModuleType:
     """The compiled extension module (built on first use); raises ``Unavailable``."""
     global _module, _failure
+    if _module is not None:  # loaded once, never unloaded: no lock on the every-product path
+        return _module
     with _lock:
         if _module is not None:
             return _module

@@ -16,7 +16,7 @@ or ``"mlx"`` (MLX ops over the groups' padded layout).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 from mlx_lm.models.activations import swiglu
@@ -30,6 +30,7 @@ from mtplx.models.quantized import (
     InvariantQuantizedLinear,
     QuantWeight,
     activation_dtype,
+    activations_format,
     weight_arrays,
     weight_of,
 )
@@ -39,6 +40,25 @@ from mtplx.models.slot_layout import SlotGroup, padded
 __all__ = ["SlotLayers"]
 
 
+class FusedLayerArgs(NamedTuple):
+    """What ``fused_layer``'s calls of one layer take, gathered once: a step builds 30
+    layers' nodes on the engine thread, which shares the CPU with the kernels."""
+
+    input_norm: mx.array  # [H]
+    qkv: QuantWeight
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_dims: int
+    input_eps: float
+    scale: float
+    o_proj: QuantWeight
+    post_norm: mx.array  # [H]
+    gate_up: QuantWeight
+    down: QuantWeight
+    post_eps: float
+
+
 class SlotLayers:
     """The layer plans of ``SlotTarget`` (its attributes are set by ``SlotTarget.__init__``)."""
 
@@ -46,6 +66,7 @@ class SlotLayers:
     attention: str  # "kernel" or "mlx": one kind for every forward of a target
     fuses_layers: bool  # the fused-kernel plan (False runs the compiled pieces)
     _fused: list[FusedProjections | None]  # per layer
+    _fused_args: list[FusedLayerArgs] | None = None  # per layer, once the fused plan runs
     _compiled: CompiledLayer | None  # the compiled pieces, where they describe the layers
     _query_block: int  # the most queries per head in one product of the MLX-op attention
 
@@ -168,22 +189,20 @@ class SlotLayers:
         bits, five graph nodes a layer for a forward of one group."""
         cos, sin = compiled.rope_tables(positions)  # [N, 1, 1, dims / 2], or [1, dims / 2]
         num_tokens = x.shape[-2]
-        for index, (layer, fused) in enumerate(
-            zip(self.trunk.inner.layers, self._fused, strict=True)
-        ):
-            attn, norm = layer.self_attn, layer.input_layernorm
-            assert fused is not None and isinstance(fused.qkv, QuantWeight)
+        int8 = activations_format() == "int8"
+        for index, args in enumerate(self._fused_layer_args()):
             queries_all, keys_all, values_all = fused_layer.before(
                 x,
-                norm.weight,
-                fused.qkv,
+                args.input_norm,
+                args.qkv,
                 cos,
                 sin,
-                attn.n_heads,
-                attn.n_kv_heads,
-                attn.head_dim,
-                attn.rope.dims,
-                norm.eps,
+                args.heads,
+                args.kv_heads,
+                args.head_dim,
+                args.rope_dims,
+                args.input_eps,
+                int8=int8,
             )
             attended = []
             for group in groups:
@@ -203,23 +222,52 @@ class SlotLayers:
                     queries = queries_all[group.start : group.end]
                 attended.append(
                     fused_attention.attend(
-                        queries, store.keys, store.values, group.slots, group.counts, attn.scale
+                        queries, store.keys, store.values, group.slots, group.counts, args.scale
                     )
                 )
-            norm = layer.post_attention_layernorm
-            o_proj, down = weight_of(attn.o_proj), weight_of(layer.mlp.down_proj)
-            assert isinstance(o_proj, QuantWeight) and isinstance(down, QuantWeight)
-            assert isinstance(fused.gate_up, QuantWeight)
             x = fused_layer.after(
                 x,
                 mx.concatenate(attended) if len(attended) > 1 else attended[0],
-                o_proj,
-                norm.weight,
-                fused.gate_up,
-                down,
-                norm.eps,
+                args.o_proj,
+                args.post_norm,
+                args.gate_up,
+                args.down,
+                args.post_eps,
+                int8=int8,
             )
         return x
+
+    def _fused_layer_args(self) -> list[FusedLayerArgs]:
+        """Each layer's ``FusedLayerArgs`` (its weights are frozen after loading)."""
+        if self._fused_args is None:
+            plan = []
+            for layer, fused in zip(self.trunk.inner.layers, self._fused, strict=True):
+                attn, mlp = layer.self_attn, layer.mlp
+                norm, post = layer.input_layernorm, layer.post_attention_layernorm
+                assert fused is not None
+                qkv, gate_up = fused.qkv, fused.gate_up
+                o_proj, down = weight_of(attn.o_proj), weight_of(mlp.down_proj)
+                assert isinstance(qkv, QuantWeight) and isinstance(gate_up, QuantWeight)
+                assert isinstance(o_proj, QuantWeight) and isinstance(down, QuantWeight)
+                plan.append(
+                    FusedLayerArgs(
+                        norm.weight,
+                        qkv,
+                        attn.n_heads,
+                        attn.n_kv_heads,
+                        attn.head_dim,
+                        attn.rope.dims,
+                        float(norm.eps),
+                        float(attn.scale),
+                        o_proj,
+                        post.weight,
+                        gate_up,
+                        down,
+                        float(post.eps),
+                    )
+                )
+            self._fused_args = plan
+        return self._fused_args
 
     @staticmethod
     def _mlp(mlp: Any, x: mx.array, fused: FusedProjections | None) -> mx.array:
