@@ -47,7 +47,7 @@ __all__ = [
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 class ContentBlockParam(BaseModel):
@@ -56,7 +56,7 @@ class ContentBlockParam(BaseModel):
     validated by their own models when the prompt is built; other types are refused there,
     naming the block."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
     type: str
     text: str | None = None

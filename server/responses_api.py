@@ -37,7 +37,7 @@ __all__ = [
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 class InputItem(BaseModel):
@@ -45,7 +45,7 @@ class InputItem(BaseModel):
     ``function_call`` or a ``function_call_output``. Function items are validated by their
     own models when the prompt is built; other types are refused there, naming the item."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
     type: str | None = None
     role: str | None = None
@@ -102,7 +102,7 @@ class ReasoningOptions(_Strict):
 class ResponsesRequest(BaseModel):
     """POST /v1/responses."""
 
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
     model: str
     input: str | list[InputItem]

@@ -39,7 +39,7 @@ MAX_SEED = 2**63 - 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 class MtplxOptions(_Strict):
@@ -65,7 +65,7 @@ class ContentPart(BaseModel):
     """One content part. Only ``{"type": "text", "text": ...}`` is supported; other types
     (image_url, input_audio, ...) are rejected when the prompt is built, naming the part."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
     type: str
     text: str | None = None
@@ -169,6 +169,7 @@ class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)  # a chat reply has at least one token
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)

@@ -58,6 +58,24 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ("temperature-string", CHAT, chat_body(temperature="0.5"), 400, "temperature", None),
     ("temperature-high", CHAT, chat_body(temperature=2.5), 400, "temperature", "invalid_value"),
     ("temperature-negative", CHAT, chat_body(temperature=-1), 400, "temperature", None),
+    # Python's json (httpx, the openai SDK) writes NaN and Infinity unless told not to.
+    (
+        "temperature-nan",
+        CHAT,
+        b'{"model": "fake-model", "messages": [{"role": "user", '
+        b'"content": "hi"}], "temperature": NaN}',
+        400,
+        "temperature",
+        "invalid_value",
+    ),
+    (
+        "top-p-infinity",
+        COMPLETIONS,
+        b'{"model": "fake-model", "prompt": "hi", "top_p": Infinity}',
+        400,
+        "top_p",
+        "invalid_value",
+    ),
     ("top-p-zero", CHAT, chat_body(top_p=0), 400, "top_p", "invalid_value"),
     ("top-k-float", CHAT, chat_body(top_k=1.5), 400, "top_k", None),
     ("min-p-over-one", CHAT, chat_body(min_p=1.5), 400, "min_p", None),
@@ -72,6 +90,7 @@ CASES: list[tuple[str, str, Any, int, str | None, str | None]] = [
     ),
     ("repetition-zero", CHAT, chat_body(repetition_penalty=0), 400, "repetition_penalty", None),
     ("max-tokens-zero", CHAT, chat_body(max_tokens=0), 400, "max_tokens", "invalid_value"),
+    ("max-tokens-negative", CHAT, chat_body(max_tokens=-1), 400, "max_tokens", "invalid_value"),
     ("max-tokens-string", CHAT, chat_body(max_tokens="10"), 400, "max_tokens", None),
     ("max-tokens-over-limit", CHAT, chat_body(max_tokens=100_000), 400, "max_tokens", None),
     (
@@ -379,6 +398,18 @@ async def test_bad_input_then_good_request(client, path, body, status, param, co
         assert error["code"] == code
     good = chat_body(max_tokens=2) if path == CHAT else completion_body(max_tokens=2)
     assert (await client.post(path, json=good)).status_code == 200
+
+
+async def test_messages_say_what_a_value_must_be(client):
+    """A chat's max_tokens below 1 says so (0 is a completion's prompt scoring, not a
+    chat's), and a NaN says it is not a number rather than out of range."""
+    for value in (-1, 0):
+        r = await client.post(CHAT, json=chat_body(max_tokens=value))
+        assert "greater than or equal to 1" in r.json()["error"]["message"]
+    nan = b'{"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], '
+    json_type = {"content-type": "application/json"}
+    r = await client.post(CHAT, content=nan + b'"temperature": NaN}', headers=json_type)
+    assert "finite number" in r.json()["error"]["message"]
 
 
 def test_there_are_at_least_25_cases():
