@@ -9,26 +9,33 @@ node costs dispatch on the engine thread. Where the head is served quantized on 
 - its layer's halves on the fused kernels (``mtplx.fused_layer``: ``before`` = input norm,
   fused q/k/v, RoPE; ``after`` = o_proj, residual, norm, fused gate/up, SwiGLU, down,
   residual), with the trunk's own stacking of q/k/v and gate/up and its hoisted RoPE
-  angles; attention over the head's own cache stays mlx-lm's ops (the fused attention
-  kernel's vectorised ``exp`` would change the head's bits, and its drafts with them);
+  angles;
+- its attention over its own cache on the fused attention kernel (``mtplx.attention``),
+  the cache's buffers read as a store of one slot: a handful of nodes instead of mlx-lm's
+  mask and ~20 attention ops. The kernel's vectorised ``exp`` gives other bits than MLX's,
+  so the head's drafts differ from mlx-lm's layer's; what speculative decoding outputs does
+  not (the acceptance rule is exact whatever the drafts), and the kernel is as
+  batch-invariant as the rest (a token's result depends on its query, its row's keys and
+  its count only);
 - the ops before the layer (embedding lookup, the two input norms, fc) and after it (norm,
   the head's own LM head) as two compiled functions.
 
-Every output is bitwise mlx-lm's layer's (``tests/test_models_fused_head.py``). It lives
+Every output is bitwise mlx-lm's layer's with the attention kernel in place of its
+``scaled_dot_product_attention`` (``tests/test_models_fused_head.py``). It lives
 outside ``mtp_nextn`` so that the model loader's modules do not import the kernels' modules
 (which import the models package); the MTP drafter fuses the head it drafts with.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 
-from mtplx import fused_layer
+from mtplx import attention, fused_layer
 from mtplx.models.compiled_layer import CompiledLayer
 from mtplx.models.fused_projections import fuse_projections
 from mtplx.models.mtp_nextn import NextNHead, NextNModule, _packs
@@ -61,9 +68,9 @@ class FusedHead(NamedTuple):
     """A head step as the trunk's quantized CPU path runs its layers: the decoder layer's
     halves on the fused kernels (``mtplx.fused_layer``: ``before`` = input norm, the fused
     q/k/v product, RoPE; ``after`` = o_proj, residual, post-attention norm, fused gate/up,
-    SwiGLU, down, residual), attention over the head's own cache in mlx-lm's ops, and the
-    norms, fc and head projection around it compiled (``into``, ``out``): mlx-lm's bits in
-    ~90 graph nodes a step instead of ~220."""
+    SwiGLU, down, residual), attention over the head's own cache on the attention kernel,
+    and the norms, fc and head projection around it compiled (``into``, ``out``): ~65 graph
+    nodes a step instead of mlx-lm's ~220."""
 
     qkv: QuantWeight  # [q | k | v] rows
     o_proj: QuantWeight
@@ -92,7 +99,7 @@ def _fuse_head(module: NextNModule, index: int, trunk: Trunk) -> FusedHead | Non
     quantized kernel, no biases, and mlx's plain RoPE (what the trunk's fused path takes),
     and its norms, fc and own head (if any) are plain RMSNorm / linear layers."""
     layer = module.layers[index]
-    if not _packs(layer) or not fused_layer.available():
+    if not _packs(layer) or not fused_layer.available() or not attention.available():
         return None
     attn, mlp = layer.self_attn, layer.mlp
     projections = (
@@ -180,6 +187,31 @@ def _compiled_ends(
     return step_in, step_out
 
 
+def _attend_row(
+    attn: Any, cache: Any, q: mx.array, k: mx.array, v: mx.array, positions: mx.array
+) -> mx.array:
+    """One row's attention over its own cache on the fused attention kernel: q [T, heads, d]
+    and k, v [T, kv_heads, d] (roped) of its tokens at ``positions`` [T] int32 -> [T, heads
+    * d]. The keys and values go into the cache's buffers ([1, kv_heads, capacity, d], a
+    ``LazyKVCache``'s or mlx-lm's ``KVCache``'s) as mlx-lm writes them; the kernel reads the
+    buffer as a store of one slot, token t seeing its first ``positions[t] + 1`` entries (the
+    causal mask and the row's length in one count, lazy where the offset is)."""
+    size = int(q.shape[0])
+    cache.update_and_fetch(k[None].transpose(0, 2, 1, 3), v[None].transpose(0, 2, 1, 3))
+    return attention.attend(
+        q, cache.keys, cache.values, _zeros(size), positions + 1, attn.scale
+    )  # [T, heads * d]
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(size: int) -> mx.array:
+    """[size] int32 zeros, evaluated: every token's slot in a one-slot store (a constant of
+    the graph, where ``mx.zeros`` would add nodes to every head step)."""
+    zeros = mx.zeros((size,), mx.int32)
+    mx.eval(zeros)
+    return zeros
+
+
 def _positions(cache: Any, size: int) -> mx.array:
     """[size] int32: the positions of a row's next ``size`` entries (the cache's offset is
     an int, or a lazy [] int32 in a ``LazyKVCache``)."""
@@ -195,8 +227,7 @@ def _fused_rows(
 ) -> mx.array:
     """mlx-lm's llama layer over packed rows x [1, N, H] -> [1, N, H], its halves on the fused
     kernels: q / k / v of every token in one ``before`` (each roped at its own row's
-    position), each row's cache and attention alone in mlx-lm's ops (as
-    ``_attention_rows``), then one ``after``."""
+    position), each row's cache and attention alone (``_attend_row``), then one ``after``."""
     attn = layer.self_attn
     norm = layer.input_layernorm
     positions = [_positions(cache[0], size) for size, cache in zip(sizes, caches, strict=True)]
@@ -217,21 +248,12 @@ def _fused_rows(
     )  # [N, heads, d], [N, kv_heads, d] x 2
     outputs = []
     start = 0
-    for size, cache in zip(sizes, caches, strict=True):
+    for size, cache, at in zip(sizes, caches, positions, strict=True):
         end = start + size
         q, k, v = queries, keys, values
         if len(sizes) > 1:
             q, k, v = q[start:end], k[start:end], v[start:end]
-        q = q.reshape(1, size, attn.n_heads, -1).transpose(0, 2, 1, 3)
-        k = k.reshape(1, size, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        v = v.reshape(1, size, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        layer_cache = cache[0]
-        mask = create_attention_mask(x[:, start:end] if len(sizes) > 1 else x, layer_cache)
-        k, v = layer_cache.update_and_fetch(k, v)
-        out = scaled_dot_product_attention(
-            q, k, v, cache=layer_cache, scale=attn.scale, mask=mask
-        )  # [1, heads, T_i, d]
-        outputs.append(out.transpose(0, 2, 1, 3).reshape(size, -1))
+        outputs.append(_attend_row(attn, cache[0], q, k, v, at))
         start = end
     post = layer.post_attention_layernorm
     return fused_layer.after(
