@@ -269,3 +269,22 @@ def test_a_fused_step_is_a_fraction_of_the_nodes(model: LoadedModel, tmp_path: P
     assert (fused["MTPLXQuantizedRows"], unfused["MTPLXQuantizedRows"]) == (2, 9)
     assert (fused["Square"], unfused["Square"]) == (3, 5)
     assert sum(fused.values()) * 2 < sum(unfused.values()), (fused, unfused)
+
+
+def test_rope_angles_from_the_tables_are_the_computed_ones(model: LoadedModel) -> None:
+    """The head takes its RoPE angles from tables by position: each position's cos and sin
+    are bitwise what ``rope_tables`` computes for it alone or among others, at small and
+    large positions, across the tables' growth."""
+    parts = _head(model).fused_parts()
+    assert parts is not None
+    angles = type(parts.angles)(parts.angles.tables)
+    for start, size in [(0, 1), (5, 3), (1020, 9), (3000, 2), (4095, 1), (4090, 16)]:
+        positions = mx.arange(start, start + size, dtype=mx.int32)
+        cos, sin = angles.at(positions, start + size)
+        want_cos, want_sin = parts.angles.tables(positions)
+        np.testing.assert_array_equal(_bits(cos), _bits(want_cos.reshape(size, -1)))
+        np.testing.assert_array_equal(_bits(sin), _bits(want_sin.reshape(size, -1)))
+        for i in range(size):
+            alone_cos, _ = parts.angles.tables(positions[i : i + 1])
+            np.testing.assert_array_equal(_bits(cos[i]), _bits(alone_cos.reshape(-1)))
+    assert angles.size == 5 * angles.GROWTH  # grown in steps to cover position 4105

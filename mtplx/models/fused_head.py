@@ -36,6 +36,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mtplx import attention, fused_layer
+from mtplx.lazy_cache import LazyKVCache
 from mtplx.models.compiled_layer import CompiledLayer
 from mtplx.models.fused_projections import fuse_projections
 from mtplx.models.mtp_nextn import NextNHead, NextNModule, _packs
@@ -49,7 +50,7 @@ from mtplx.models.quantized import (
 )
 from mtplx.models.target import Trunk
 
-__all__ = ["FusedHead", "fuse_head"]
+__all__ = ["FusedHead", "RopeAngles", "fuse_head"]
 
 
 def fuse_head(head: Any) -> bool:
@@ -76,7 +77,7 @@ class FusedHead(NamedTuple):
     o_proj: QuantWeight
     gate_up: QuantWeight  # [gate | up] rows
     down: QuantWeight
-    compiled: CompiledLayer  # its ``rope_tables``: the RoPE angles of the fed positions
+    angles: RopeAngles  # the RoPE angles of the fed positions, from a table by position
     # (tokens [1, N], hidden [1, N, H]) -> fc(concat(norm_e(embed(tokens)), norm_h(hidden)))
     into: Callable[[mx.array, mx.array], mx.array]
     # x [1, N, H] -> (logits [1, N, V'] or None for the trunk's head, norm(x) [1, N, H])
@@ -136,7 +137,8 @@ def _fuse_head(module: NextNModule, index: int, trunk: Trunk) -> FusedHead | Non
     ):
         return None
     into, out = _compiled_ends(module, trunk)
-    return FusedHead(fused.qkv, o_proj, fused.gate_up, down, compiled, into, out, layer)
+    angles = RopeAngles(compiled.rope_tables)
+    return FusedHead(fused.qkv, o_proj, fused.gate_up, down, angles, into, out, layer)
 
 
 def _compiled_ends(
@@ -193,14 +195,52 @@ def _attend_row(
     """One row's attention over its own cache on the fused attention kernel: q [T, heads, d]
     and k, v [T, kv_heads, d] (roped) of its tokens at ``positions`` [T] int32 -> [T, heads
     * d]. The keys and values go into the cache's buffers ([1, kv_heads, capacity, d], a
-    ``LazyKVCache``'s or mlx-lm's ``KVCache``'s) as mlx-lm writes them; the kernel reads the
-    buffer as a store of one slot, token t seeing its first ``positions[t] + 1`` entries (the
+    ``LazyKVCache``'s or mlx-lm's ``KVCache``'s) at its offset; the kernel reads the buffer
+    as a store of one slot, token t seeing its first ``positions[t] + 1`` entries (the
     causal mask and the row's length in one count, lazy where the offset is)."""
     size = int(q.shape[0])
-    cache.update_and_fetch(k[None].transpose(0, 2, 1, 3), v[None].transpose(0, 2, 1, 3))
+    if isinstance(cache, LazyKVCache):
+        _write_lazy(cache, k, v)
+    else:
+        cache.update_and_fetch(k[None].transpose(0, 2, 1, 3), v[None].transpose(0, 2, 1, 3))
     return attention.attend(
         q, cache.keys, cache.values, _zeros(size), positions + 1, attn.scale
     )  # [T, heads * d]
+
+
+def _write_lazy(cache: LazyKVCache, k: mx.array, v: mx.array) -> None:
+    """k, v [T, kv_heads, d] into a lazy cache's buffers at its (lazy) offset with the KV
+    write kernel (``fused_layer.write``, one node each, in place where MLX allows): the
+    entries ``update_and_fetch`` writes, without its transposes and slice updates."""
+    size, kv_heads, dim = (int(n) for n in k.shape)
+    like = mx.zeros((1, kv_heads, 1, dim), k.dtype)  # only its shape and dtype are read
+    capacity = cache.reserve(size, like, like)
+    assert cache.keys is not None and cache.values is not None
+    write_at = cache.offset + _store_rows(kv_heads, capacity, size)  # [kv_heads * T]
+    cache.keys, cache.values = fused_layer.write(
+        cache.keys, cache.values, k, v, write_at, _arange(size), size
+    )
+    cache.advance(size)
+
+
+@functools.lru_cache(maxsize=64)
+def _store_rows(kv_heads: int, capacity: int, size: int) -> mx.array:
+    """[kv_heads * T] int32, evaluated: head h's token t's row of a one-slot store at offset
+    0 (``h * capacity + t``, the KV write's layout; the offset is added to it)."""
+    rows = (
+        mx.arange(kv_heads, dtype=mx.int32)[:, None] * capacity
+        + mx.arange(size, dtype=mx.int32)[None]
+    ).reshape(-1)
+    mx.eval(rows)
+    return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(size: int) -> mx.array:
+    """[size] int32 0 .. size - 1, evaluated (a graph constant)."""
+    rows = mx.arange(size, dtype=mx.int32)
+    mx.eval(rows)
+    return rows
 
 
 @functools.lru_cache(maxsize=64)
@@ -212,10 +252,45 @@ def _zeros(size: int) -> mx.array:
     return zeros
 
 
+class RopeAngles:
+    """The head's RoPE angles (cos, sin) by position, taken from tables of every position
+    up to a bound (two gathers a step where computing them is ~12 graph nodes). The tables
+    are the trunk's ``rope_tables`` over all their positions at once, evaluated when they
+    grow; an angle depends on its position only, so a row's angles are the same whatever
+    else is fed with it (the tables hold the bits ``rope_tables`` gives each position
+    alone: ``tests/test_models_fused_head.py``)."""
+
+    GROWTH = 1024  # positions the tables grow by
+
+    def __init__(self, tables: Callable[[mx.array], tuple[mx.array, mx.array]]) -> None:
+        self.tables = tables
+        self.cos: mx.array | None = None  # [size, dims / 2]
+        self.sin: mx.array | None = None
+        self.size = 0
+
+    def at(self, positions: mx.array, bound: int) -> tuple[mx.array, mx.array]:
+        """cos and sin [N, dims / 2] of positions [N] int32 (lazy), every one below
+        ``bound`` (what the host knows of them)."""
+        if bound > self.size:
+            size = -(-bound // self.GROWTH) * self.GROWTH
+            cos, sin = self.tables(mx.arange(size, dtype=mx.int32))
+            self.cos, self.sin = cos.reshape(size, -1), sin.reshape(size, -1)
+            mx.eval(self.cos, self.sin)
+            self.size = size
+        assert self.cos is not None and self.sin is not None
+        return mx.take(self.cos, positions, axis=0), mx.take(self.sin, positions, axis=0)
+
+
+def _bound(cache: Any) -> int:
+    """What the host knows of a cache's offset: it is at most this (a ``LazyKVCache``'s
+    ``bound``; mlx-lm's caches hold an int offset)."""
+    return int(cache.bound) if isinstance(cache, LazyKVCache) else int(cache.offset)
+
+
 def _positions(cache: Any, size: int) -> mx.array:
     """[size] int32: the positions of a row's next ``size`` entries (the cache's offset is
     an int, or a lazy [] int32 in a ``LazyKVCache``)."""
-    return cache.offset + mx.arange(size, dtype=mx.int32)
+    return cache.offset + _arange(size)
 
 
 def _fused_rows(
@@ -231,8 +306,9 @@ def _fused_rows(
     attn = layer.self_attn
     norm = layer.input_layernorm
     positions = [_positions(cache[0], size) for size, cache in zip(sizes, caches, strict=True)]
-    cos, sin = parts.compiled.rope_tables(
-        mx.concatenate(positions) if len(positions) > 1 else positions[0]
+    cos, sin = parts.angles.at(
+        mx.concatenate(positions) if len(positions) > 1 else positions[0],
+        max(_bound(cache[0]) + size for size, cache in zip(sizes, caches, strict=True)),
     )
     queries, keys, values = fused_layer.before(
         x,
