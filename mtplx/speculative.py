@@ -489,7 +489,7 @@ def last_committed(sequence: Sequence, queued: QueuedDraft | None) -> mx.array:
     """[1] int32: the row's newest committed token, lazy after a ``queued`` drafting cycle."""
     if queued is None:
         return mx.array([sequence.tokens[-1]], mx.int32)
-    return mx.take(queued.output_tokens[0], queued.num_accepted)
+    return mx.take(queued.output_tokens.reshape(-1), queued.num_accepted)
 
 
 def queue_draft(
