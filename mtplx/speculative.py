@@ -418,12 +418,10 @@ def _verify_argmax_rows(
     )  # [B, width], -1 where no draft: never an argmax
     matches = (padded[:, :-1] == table[:, :-1]).astype(mx.int32)
     num_accepted = mx.sum(mx.cumprod(matches, axis=-1), axis=-1).astype(mx.int32)  # [B]
-    token = mx.take_along_axis(table, num_accepted[:, None], axis=-1)  # [B, 1]
-    boundary = num_accepted[:, None]
-    cols = mx.arange(width)[None]
-    output_tokens = mx.where(cols < boundary, padded, mx.where(cols == boundary, token, -1)).astype(
-        mx.int32
-    )
+    # The accepted drafts are the argmaxes at their positions and the token after them the
+    # argmax there: the committed tokens are the table's up to the first mismatch.
+    cols = mx.array(positions.astype(np.int32))  # [1, width]
+    output_tokens = mx.where(cols <= num_accepted[:, None], table, -1).astype(mx.int32)
     return [(num_accepted[b : b + 1], output_tokens[b : b + 1, : k + 1]) for b, k in enumerate(ks)]
 
 
