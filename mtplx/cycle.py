@@ -72,3 +72,6 @@ class QueuedDraft:
     output_tokens: mx.array  # [1, k+1] int32
     source: str | None  # the depth policy that planned it
     started: float  # when its step began
+    # [] int32: the drafts it rejects, the row's lazy trim (evaluated with the verdict, so
+    # that reading it does not wait for the cycle queued after it)
+    num_rejected: mx.array

@@ -45,15 +45,27 @@ class LazyKVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write keys / values [B, kv_heads, T, d] at the offset; the whole buffers."""
         num_new = keys.shape[2]
-        capacity = self._capacity(num_new)
-        self.keys = _grown(self.keys, keys, capacity)
-        self.values = _grown(self.values, values, capacity)
+        self.reserve(num_new, keys, values)
+        assert self.keys is not None and self.values is not None
         start = self.offset.reshape(1)
         self.keys = mx.slice_update(self.keys, keys, start, axes=(2,))
         self.values = mx.slice_update(self.values, values, start, axes=(2,))
+        self.advance(num_new)
+        return self.keys, self.values
+
+    def reserve(self, num_new: int, keys: mx.array, values: mx.array) -> int:
+        """Grow the buffers (zeros) to hold ``num_new`` more entries shaped like keys / values
+        [B, kv_heads, T, d]; their capacity. For a caller that writes the entries itself
+        (at ``offset``, then ``advance``)."""
+        capacity = self._capacity(num_new)
+        self.keys = _grown(self.keys, keys, capacity)
+        self.values = _grown(self.values, values, capacity)
+        return capacity
+
+    def advance(self, num_new: int) -> None:
+        """``num_new`` entries were written at the offset: move past them."""
         self.offset = self.offset + num_new
         self.bound += num_new
-        return self.keys, self.values
 
     def trim_lazily(self, num_tokens: mx.array) -> None:
         """Drop the last ``num_tokens`` ([] int32, may be lazy) entries."""

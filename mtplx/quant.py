@@ -53,6 +53,8 @@ __all__ = [
     "QuantInfo",
     "Unavailable",
     "available",
+    "dequantize_rows",
+    "embed_rows",
     "kernel_variant",
     "load_extension",
     "loaded",
@@ -396,3 +398,41 @@ def qmm(
             x, w, scales, biases, transpose=True, group_size=group_size, bits=bits
         )
     return load_extension().qmm(x, w, scales, biases, bits, group_size, activations == "int8")
+
+
+def embed_rows(
+    ids: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    bits: int,
+    group_size: int,
+) -> mx.array:
+    """Rows ``ids`` [...] of a quantized table w [V, H * bits / 32], dequantized -> [..., H]
+    float32, lazily: on the CPU one node of the extension (``embed_rows``), bitwise
+    ``dequantize_rows``; elsewhere, or without the extension, ``dequantize_rows`` itself."""
+    if mx.default_device() == mx.cpu and bits in (2, 4, 8):
+        try:
+            return load_extension().embed_rows(ids, w, scales, biases, bits, group_size)
+        except Unavailable:
+            pass
+    return dequantize_rows(ids, w, scales, biases, bits, group_size)
+
+
+def dequantize_rows(
+    ids: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    bits: int,
+    group_size: int,
+) -> mx.array:
+    """``embed_rows`` in MLX's ops (the reference): the rows gathered, then
+    ``mx.dequantize`` with float32 scales and biases (~35 graph nodes on the CPU)."""
+    return mx.dequantize(
+        w[ids],
+        scales=scales[ids].astype(mx.float32),
+        biases=biases[ids].astype(mx.float32),
+        group_size=group_size,
+        bits=bits,
+    )

@@ -5,6 +5,7 @@
 // MLX's lazy graph: it composes with mx.compile, and async_eval runs it on the CPU stream's
 // worker thread while Python builds the next step. Built and cached by mtplx.quant.
 
+#include <cmath>
 #include <cstdint>
 #include <array>
 #include <cstring>
@@ -557,6 +558,107 @@ mx::array kv_write(const mx::array& store, const mx::array& fresh, const mx::arr
                     mx::astype(to_padded, mx::int32, stream)});
 }
 
+// -- embedding lookup ----------------------------------------------------------------------
+
+// Rows of a quantized embedding table, dequantized: inputs ids [...] (int32), w [V, H * bits /
+// 32] (uint32, MLX's affine packing: element j of a word at bits (j mod (32 / bits)) * bits),
+// scales and biases [V, H / g] (float16 or float32) -> [..., H] float32, each element
+// scale * q rounded, then + bias rounded: mx.dequantize's CPU arithmetic (a multiply node, then
+// an add node) on the gathered rows, so the same bits as the ~35 nodes of
+// ``mx.dequantize(w[ids], scales[ids], biases[ids])`` in one. (This file is built without
+// FMA and without floating-point contraction, so the two roundings stay two.) An id outside
+// the table gives a row of NaN.
+class EmbedRows : public mx::UnaryPrimitive {
+ public:
+  EmbedRows(mx::Stream stream, int bits, int group)
+      : mx::UnaryPrimitive(stream), bits_(bits), group_(group) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& input : inputs) encoder.set_input_array(input);
+    encoder.set_output_array(out);
+    std::vector<mx::array> in;
+    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(out), bits = bits_,
+                      group = group_]() mutable {
+      std::vector<char> id_d, w_d, s_d, b_d;
+      const int32_t* ids = static_cast<const int32_t*>(dense(in[0], id_d));
+      const uint32_t* w = static_cast<const uint32_t*>(dense(in[1], w_d));
+      const void* sv = dense(in[2], s_d);
+      const void* bv = dense(in[3], b_d);
+      const bool half = in[2].dtype() == mx::float16;
+      const int64_t V = in[1].shape(0), H = y.shape(-1), n = in[0].size();
+      const int64_t words = in[1].shape(1), groups = H / group, per_word = 32 / bits;
+      const uint32_t mask = (1u << bits) - 1u;
+      float* Y = y.data<float>();
+      for (int64_t i = 0; i < n; i++) {
+        const int64_t row = ids[i];
+        float* out_row = Y + i * H;
+        if (row < 0 || row >= V) {
+          for (int64_t j = 0; j < H; j++) out_row[j] = NAN;
+          continue;
+        }
+        const uint32_t* packed = w + row * words;
+        for (int64_t g = 0; g < groups; g++) {
+          const int64_t at = row * groups + g;
+          const float scale = half ? static_cast<float>(static_cast<const mx::float16_t*>(sv)[at])
+                                   : static_cast<const float*>(sv)[at];
+          const float bias = half ? static_cast<float>(static_cast<const mx::float16_t*>(bv)[at])
+                                  : static_cast<const float*>(bv)[at];
+          for (int64_t j = g * group; j < (g + 1) * group; j++) {
+            const uint32_t q = (packed[j / per_word] >> ((j % per_word) * bits)) & mask;
+            const float scaled = scale * static_cast<float>(q);
+            out_row[j] = scaled + bias;
+          }
+        }
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mtplx embedding lookup runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXEmbedRows"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const EmbedRows*>(&other);
+    return o != nullptr && o->bits_ == bits_ && o->group_ == group_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[0].shape();
+    shape.push_back(static_cast<int>(inputs[1].shape(1) * 32 / bits_));
+    return {shape};
+  }
+
+ private:
+  int bits_;
+  int group_;
+};
+
+mx::array embed_rows(const mx::array& ids, const mx::array& w, const mx::array& scales,
+                     const mx::array& biases, int bits, int group_size) {
+  if (bits != 2 && bits != 4 && bits != 8) throw std::invalid_argument("bits must be 2, 4 or 8");
+  if (w.ndim() != 2 || scales.ndim() != 2 || biases.shape() != scales.shape() ||
+      w.dtype() != mx::uint32)
+    throw std::invalid_argument("embed_rows: w [V, H * bits / 32] uint32, scales/biases [V, H / g]");
+  const auto H = w.shape(1) * 32 / bits;
+  if (group_size <= 0 || H % group_size != 0 || scales.shape(0) != w.shape(0) ||
+      scales.shape(1) != H / group_size)
+    throw std::invalid_argument("embed_rows: shapes do not match");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  const auto params = scales.dtype() == mx::float16 && biases.dtype() == mx::float16
+                          ? mx::float16
+                          : mx::float32;
+  mx::Shape shape = ids.shape();
+  shape.push_back(static_cast<int>(H));
+  return mx::array(shape, mx::float32, std::make_shared<EmbedRows>(stream, bits, group_size),
+                   {mx::astype(ids, mx::int32, stream), w, mx::astype(scales, params, stream),
+                    mx::astype(biases, params, stream)});
+}
+
 // For tests: layer_kernel.c's elementwise pieces on evaluated float32 arrays.
 mx::array rms_norm_reference(const mx::array& x, const mx::array& w, float eps) {
   mx::array xc = mx::contiguous(mx::astype(x, mx::float32));
@@ -617,6 +719,10 @@ NB_MODULE(_mtplx_quant, m) {
   m.def("kv_write", &kv_write, nb::arg("store"), nb::arg("fresh"), nb::arg("write_at"),
         nb::arg("to_padded"), nb::arg("tokens"),
         "A group's new keys (or values) written into a layer's store, lazily (one node).");
+  m.def("embed_rows", &embed_rows, nb::arg("ids"), nb::arg("w"), nb::arg("scales"),
+        nb::arg("biases"), nb::arg("bits"), nb::arg("group_size"),
+        "Rows ids of a quantized embedding table, dequantized (mx.dequantize's bits), lazily "
+        "in one node -> [..., H] float32.");
   m.def("rms_norm_reference", &rms_norm_reference, nb::arg("x"), nb::arg("w"), nb::arg("eps"));
   m.def("swiglu_reference", &swiglu_reference, nb::arg("gate_up"));
   m.def("layer_exp", [](float x) { return mtplx_layer_exp(x); }, nb::arg("x"));

@@ -141,7 +141,10 @@ class Runner(EngineState):
         }
         mx.async_eval(
             [(a.logits, a.hidden, a.sample) for a in queued.values()],
-            [(q.output.hidden, q.num_accepted, q.output_tokens) for q in queued_drafts.values()],
+            [
+                (q.output.hidden, q.num_accepted, q.output_tokens, q.num_rejected)
+                for q in queued_drafts.values()
+            ],
             self.batched.unevaluated() if queued_drafts else [],
         )
         return StepResults(queued, queued_drafts)

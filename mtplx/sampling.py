@@ -423,19 +423,23 @@ def mx_verify_greedy(target_logits: mx.array, draft_tokens: mx.array) -> tuple[m
     exact rule accepts a draft iff it is the argmax (u < p / q = 1), and the residual at the
     first mismatch, or p after the last draft, is one-hot at the argmax there: the same
     num_accepted [B] and output_tokens [B, K+1] without building [K+1, V] distributions."""
-    batch, num_draft = draft_tokens.shape
-    greedy = mx.argmax(target_logits, axis=-1).astype(mx.int32)  # [B, K+1]
-    matches = draft_tokens.astype(mx.int32) == greedy[:, :num_draft]
-    num_accepted = mx.sum(mx.cumprod(matches.astype(mx.int32), axis=-1), axis=-1)  # [B]
+    greedy = mx.argmax(target_logits, axis=-1)  # [B, K+1]
+    return _greedy_verdict(greedy, draft_tokens)
+
+
+@mx.compile
+def _greedy_verdict(greedy: mx.array, draft_tokens: mx.array) -> tuple[mx.array, mx.array]:
+    """``mx_verify_greedy`` from the argmaxes greedy [B, K+1] and the drafts [B, K]: the
+    accepted drafts are the argmaxes at their positions, and the token after them is the
+    argmax there, so the committed tokens are the argmaxes up to the first mismatch and -1
+    past it. Compiled: its elementwise steps are one node (a verify's bookkeeping is graph
+    nodes on the engine thread, each costing about as much as a small kernel)."""
+    greedy = greedy.astype(mx.int32)
+    num_draft = draft_tokens.shape[1]
     if num_draft == 0:
-        num_accepted = mx.zeros((batch,), mx.int32)
-    token = mx.take_along_axis(greedy, num_accepted[:, None], axis=-1)  # [B, 1]
-    positions = mx.arange(num_draft + 1)[None, :]
-    padded_drafts = mx.concatenate(
-        [draft_tokens.astype(mx.int32), mx.zeros((batch, 1), mx.int32)], axis=1
-    )
-    boundary = num_accepted[:, None]
-    output_tokens = mx.where(
-        positions < boundary, padded_drafts, mx.where(positions == boundary, token, -1)
-    )
-    return num_accepted.astype(mx.int32), output_tokens
+        return mx.zeros(greedy.shape[:1], mx.int32), greedy
+    matches = (draft_tokens.astype(mx.int32) == greedy[:, :num_draft]).astype(mx.int32)
+    num_accepted = mx.sum(mx.cumprod(matches, axis=-1), axis=-1).astype(mx.int32)  # [B]
+    positions = mx.arange(num_draft + 1, dtype=mx.int32)[None, :]
+    output_tokens = mx.where(positions <= num_accepted[:, None], greedy, -1)
+    return num_accepted, output_tokens

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 import mlx.core as mx
 import numpy as np
 
-from mtplx.arrays import int_list, scalar_int
+from mtplx.arrays import int_rows, scalar_int
 from mtplx.cycle import Ahead, CycleResult, Draft, QueuedDraft
 from mtplx.drafters.base import Drafter, DraftSampler
 from mtplx.models.rows import BatchedTarget, RowOutput
@@ -418,12 +418,10 @@ def _verify_argmax_rows(
     )  # [B, width], -1 where no draft: never an argmax
     matches = (padded[:, :-1] == table[:, :-1]).astype(mx.int32)
     num_accepted = mx.sum(mx.cumprod(matches, axis=-1), axis=-1).astype(mx.int32)  # [B]
-    token = mx.take_along_axis(table, num_accepted[:, None], axis=-1)  # [B, 1]
-    boundary = num_accepted[:, None]
-    cols = mx.arange(width)[None]
-    output_tokens = mx.where(cols < boundary, padded, mx.where(cols == boundary, token, -1)).astype(
-        mx.int32
-    )
+    # The accepted drafts are the argmaxes at their positions and the token after them the
+    # argmax there: the committed tokens are the table's up to the first mismatch.
+    cols = mx.array(positions.astype(np.int32))  # [1, width]
+    output_tokens = mx.where(cols <= num_accepted[:, None], table, -1).astype(mx.int32)
     return [(num_accepted[b : b + 1], output_tokens[b : b + 1, : k + 1]) for b, k in enumerate(ks)]
 
 
@@ -439,7 +437,7 @@ def commit(
     """Read the (evaluated) verdict, roll the row back past rejected drafts and keep the
     drafter in step. ``sequence.tokens`` is left to the caller."""
     num_accepted = scalar_int(num_accepted_array)
-    committed = int_list(output_tokens[0, : num_accepted + 1])
+    committed = int_rows(output_tokens)[0][: num_accepted + 1]  # no new op (``close_queued``)
     num_rejected = draft.num_drafted - num_accepted
     grammar = sequence.grammar
     if grammar is not None:
@@ -489,7 +487,7 @@ def last_committed(sequence: Sequence, queued: QueuedDraft | None) -> mx.array:
     """[1] int32: the row's newest committed token, lazy after a ``queued`` drafting cycle."""
     if queued is None:
         return mx.array([sequence.tokens[-1]], mx.int32)
-    return mx.take(queued.output_tokens[0], queued.num_accepted)
+    return mx.take(queued.output_tokens.reshape(-1), queued.num_accepted)
 
 
 def queue_draft(
@@ -505,17 +503,23 @@ def queue_draft(
     drafter to the verdict without reading it: the row drops the rejected drafts lazily, the
     drafter gets every verified position's pair with the count that holds."""
     num_accepted, output_tokens = verdict or verify(sequence, draft, output)
-    target.trim_lazily(sequence.row, draft.num_drafted - num_accepted[0])
+    accepted = num_accepted.reshape(())
+    num_rejected = draft.num_drafted - accepted
+    target.trim_lazily(sequence.row, num_rejected)
     drafter = sequence.drafter
     assert drafter is not None, "only drafting rows queue their cycles"
-    drafter.commit_lazy(output_tokens[0], output.hidden[None], num_accepted[0] + 1)
-    return QueuedDraft(draft, output, num_accepted, output_tokens, source, started)
+    drafter.commit_lazy(output_tokens.reshape(-1), output.hidden[None], accepted + 1)
+    return QueuedDraft(draft, output, num_accepted, output_tokens, source, started, num_rejected)
 
 
 def close_queued(target: BatchedTarget, sequence: Sequence, queued: QueuedDraft) -> CycleResult:
     """Read a queued drafting cycle's verdict; settle the row and the drafter by it."""
+    # Read only arrays the queued cycle's own evaluation computed (``_queue_ahead`` evaluates
+    # them): one newly derived from them (a slice) would be computed after the cycle queued
+    # since, and reading it would wait for that whole cycle, leaving the host idle instead
+    # of building the next step while it computes.
     num_accepted = scalar_int(queued.num_accepted)
-    committed = int_list(queued.output_tokens[0, : num_accepted + 1])
+    committed = int_rows(queued.output_tokens)[0][: num_accepted + 1]
     verify_time = time.perf_counter() - queued.started
     num_rejected = target.settle(sequence.row)
     assert num_rejected == queued.draft.num_drafted - num_accepted

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
+import mlx.core as mx
 import pytest
+from mlx.utils import tree_flatten
 
+from mtplx import engine_state, speculative
 from mtplx.engine import Engine
-from mtplx.models import load, make_layer_skip_draft
+from mtplx.models import load, make_layer_skip_draft, slot_store
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig
 from mtplx.sequence import Status
@@ -221,6 +225,50 @@ def test_mtp_cycles_one_step_ahead_draw_what_cycles_in_step_draw(
     assert len(ahead) == len(in_step) == 48
     assert ahead[: 48 - 2 * (depth + 1)] == in_step[: 48 - 2 * (depth + 1)]
     assert sum(ahead_accepted) > 0  # drafts were accepted, so lengths varied
+
+
+def test_closing_a_queued_cycle_reads_only_what_its_evaluation_computed(
+    llama_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing a drafting cycle queued one step ahead reads arrays the cycle's own
+    ``async_eval`` was given (its verdict, its committed tokens, the row's lazy trim), never
+    an array derived from them: that one would be computed after the cycle queued since,
+    and reading it would hold the host until that whole cycle was done."""
+    evaluated: set[int] = set()
+    reads: list[bool] = []
+    closing = [False]
+    real_async_eval = mx.async_eval
+
+    def async_eval(*args: Any) -> None:
+        evaluated.update(id(a) for _, a in tree_flatten(list(args)) if isinstance(a, mx.array))
+        real_async_eval(*args)
+
+    def reader(real: Any) -> Any:
+        def read(array: mx.array) -> Any:
+            if closing[0]:
+                reads.append(id(array) in evaluated)
+            return real(array)
+
+        return read
+
+    def close(*args: Any) -> Any:
+        closing[0] = True
+        try:
+            return real_close(*args)
+        finally:
+            closing[0] = False
+
+    real_close = engine_state.close_queued
+    monkeypatch.setattr(mx, "async_eval", async_eval)
+    monkeypatch.setattr(engine_state, "close_queued", close)
+    for module in (speculative, slot_store):
+        monkeypatch.setattr(module, "scalar_int", reader(module.scalar_int))
+    monkeypatch.setattr(speculative, "int_rows", reader(speculative.int_rows))
+    request = GenerationRequest(
+        [5, 6, 7, 8, 9], SamplerConfig(temperature=0.0), max_tokens=24, drafter="mtp", depth=1
+    )
+    generate(llama_engine, request)
+    assert len(reads) > 20 and all(reads), reads
 
 
 @pytest.mark.parametrize("drafter", ["none", "mtp", "draft_model", "ngram", "mtp+ngram"])

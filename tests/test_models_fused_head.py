@@ -1,7 +1,9 @@
 """The generic MTP head on the fused CPU kernels (``mtplx.models.fused_head``): where the head
-is served quantized on the CPU its llama layer runs on the trunk's fused halves and the ops
-around it compiled, and every output is bitwise what mlx-lm's layer gives -- one row, many
-rows packed, a depth-3 draft chain -- in a fraction of the graph nodes."""
+is served quantized on the CPU its llama layer runs on the trunk's fused halves, its attention
+on the fused attention kernel over its own cache and the ops around it compiled, and every
+output is bitwise what mlx-lm's layer gives with the same attention kernel in place of its
+``scaled_dot_product_attention`` (the kernel's own NumPy twin is ``tests/test_attention.py``)
+-- one row, many rows packed, a depth-3 draft chain -- in a fraction of the graph nodes."""
 
 from __future__ import annotations
 
@@ -13,12 +15,13 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx_lm.models import llama
 
-from mtplx import fused_layer
+from mtplx import attention, fused_layer
 from mtplx.drafters.base import DraftSampler
 from mtplx.drafters.mtp import MTPDrafter
 from mtplx.lazy_cache import LazyKVCache
-from mtplx.models import LoadedModel, load
+from mtplx.models import LoadedModel, load, mtp_nextn
 from mtplx.models.fused_head import fuse_head
 from mtplx.models.mtp_nextn import NextNHead
 from mtplx.sampling import SamplerConfig
@@ -61,15 +64,48 @@ def _tokens(row: int, count: int, salt: int) -> list[int]:
     return [(7 * row + 3 * i + salt) % 250 + 3 for i in range(count)]
 
 
+def _kernel_attention(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    cache: Any,
+    scale: float,
+    mask: Any = None,
+    sinks: Any = None,
+) -> mx.array:
+    """mlx-lm's ``scaled_dot_product_attention`` as the fused head computes it: the attention
+    kernel over the cache's whole buffers ([1, kv, capacity, d]), the T new queries [1,
+    heads, T, d] (written at offset - T .. offset - 1) each seeing the keys up to its own
+    position; the mask mlx-lm built is the same causal rule and is not read."""
+    assert sinks is None
+    heads, size, dim = queries.shape[1:]
+    counts = cache.offset - size + 1 + mx.arange(size, dtype=mx.int32)
+    out = attention.attend(
+        queries[0].transpose(1, 0, 2),
+        cache.keys,
+        cache.values,
+        mx.zeros((size,), mx.int32),
+        counts,
+        scale,
+    )  # [T, heads * d]
+    return out.reshape(size, heads, dim).transpose(1, 0, 2)[None]
+
+
 def _run(head: NextNHead, fused: bool, fn: Any) -> Any:
-    """``fn()`` with the head's fused path on or off, evaluated."""
+    """``fn()`` on the head's fused path, or (``fused`` False) on mlx-lm's layer with the
+    attention kernel as its attention (``_kernel_attention``), evaluated."""
     head.fuses_layer = fused
+    saved = (llama.scaled_dot_product_attention, mtp_nextn.scaled_dot_product_attention)
+    if not fused:
+        llama.scaled_dot_product_attention = _kernel_attention
+        mtp_nextn.scaled_dot_product_attention = _kernel_attention
     try:
         result = fn()
         mx.eval(result)
         return result
     finally:
         head.fuses_layer = True
+        llama.scaled_dot_product_attention, mtp_nextn.scaled_dot_product_attention = saved
 
 
 def test_the_quantized_head_runs_fused(model: LoadedModel) -> None:
@@ -233,3 +269,22 @@ def test_a_fused_step_is_a_fraction_of_the_nodes(model: LoadedModel, tmp_path: P
     assert (fused["MTPLXQuantizedRows"], unfused["MTPLXQuantizedRows"]) == (2, 9)
     assert (fused["Square"], unfused["Square"]) == (3, 5)
     assert sum(fused.values()) * 2 < sum(unfused.values()), (fused, unfused)
+
+
+def test_rope_angles_from_the_tables_are_the_computed_ones(model: LoadedModel) -> None:
+    """The head takes its RoPE angles from tables by position: each position's cos and sin
+    are bitwise what ``rope_tables`` computes for it alone or among others, at small and
+    large positions, across the tables' growth."""
+    parts = _head(model).fused_parts()
+    assert parts is not None
+    angles = type(parts.angles)(parts.angles.tables)
+    for start, size in [(0, 1), (5, 3), (1020, 9), (3000, 2), (4095, 1), (4090, 16)]:
+        positions = mx.arange(start, start + size, dtype=mx.int32)
+        cos, sin = angles.at(positions, start + size)
+        want_cos, want_sin = parts.angles.tables(positions)
+        np.testing.assert_array_equal(_bits(cos), _bits(want_cos.reshape(size, -1)))
+        np.testing.assert_array_equal(_bits(sin), _bits(want_sin.reshape(size, -1)))
+        for i in range(size):
+            alone_cos, _ = parts.angles.tables(positions[i : i + 1])
+            np.testing.assert_array_equal(_bits(cos[i]), _bits(alone_cos.reshape(-1)))
+    assert angles.size == 5 * angles.GROWTH  # grown in steps to cover position 4105

@@ -465,3 +465,52 @@ def test_int8_mode_in_lazy_graphs_and_bad_modes() -> None:
     assert not mx.array_equal(floats, direct).item()  # the mode reaches the kernel
     with pytest.raises(ValueError, match="activations"):
         quant.qmm(x, packed, scales, biases, 4, 64, "int4")
+
+
+def _embed_twin(ids: np.ndarray, packed, scales, biases, bits: int, group: int) -> np.ndarray:
+    """NumPy twin of ``embed_rows``: the rows unpacked by hand, ``scale * q`` rounded to
+    float32, then ``+ bias`` rounded (two roundings, as mx.dequantize's multiply and add)."""
+    words = np.array(packed)[ids.reshape(-1)].astype(np.uint64)
+    per_word = 32 // bits
+    shifts = (np.arange(per_word, dtype=np.uint64) * bits)[None, None, :]
+    q = ((words[..., None] >> shifts) & ((1 << bits) - 1)).reshape(words.shape[0], -1)
+    s = np.repeat(np.array(scales.astype(mx.float32))[ids.reshape(-1)], group, axis=1)
+    b = np.repeat(np.array(biases.astype(mx.float32))[ids.reshape(-1)], group, axis=1)
+    out = (s * q.astype(np.float32)).astype(np.float32) + b
+    return out.astype(np.float32).reshape(*ids.shape, -1)
+
+
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize(("bits", "group"), [(2, 32), *KINDS])
+def test_embed_rows_are_mx_dequantize_bitwise(bits: int, group: int, half: bool) -> None:
+    """The fused embedding lookup gives mx.dequantize's bits on the gathered rows (the path it
+    replaces) and its NumPy twin's, for leading dimensions and repeated ids."""
+    rng = np.random.default_rng(bits * 100 + group)
+    packed, scales, biases = _weights(rng, 300, 384, bits, group, half)
+    ids = rng.integers(0, 300, size=(3, 7)).astype(np.int32)
+    ids[0, :2] = [299, 299]
+    got = quant.embed_rows(mx.array(ids), packed, scales, biases, bits, group)
+    want = quant.dequantize_rows(mx.array(ids), packed, scales, biases, bits, group)
+    assert got.shape == want.shape == (3, 7, 384) and got.dtype == mx.float32
+    np.testing.assert_array_equal(np.array(got).view(np.uint32), np.array(want).view(np.uint32))
+    twin = _embed_twin(ids, packed, scales, biases, bits, group)
+    np.testing.assert_array_equal(np.array(got).view(np.uint32), twin.view(np.uint32))
+
+
+def test_embed_rows_is_one_node_in_lazy_and_compiled_graphs(tmp_path: Path) -> None:
+    """One graph node whatever the ids' shape, the same bits under mx.compile and with lazy
+    ids; an id outside the table gives a NaN row; mismatched shapes are refused."""
+    rng = np.random.default_rng(3)
+    packed, scales, biases = _weights(rng, 50, 128, 8, 32, half=True)
+    ids = mx.array([[4, 9, 49]], mx.int32) + mx.zeros((1, 3), mx.int32)  # lazy
+    lazy = quant.embed_rows(ids, packed, scales, biases, 8, 32)
+    mx.export_to_dot(str(tmp_path / "g.dot"), lazy)
+    assert (tmp_path / "g.dot").read_text().count("MTPLXEmbedRows") == 1
+    compiled = mx.compile(lambda i: quant.embed_rows(i, packed, scales, biases, 8, 32) * 1.0)
+    np.testing.assert_array_equal(np.array(compiled(ids)), np.array(lazy))
+    bad = np.array(quant.embed_rows(mx.array([1, 50, -1], mx.int32), packed, scales, biases, 8, 32))
+    assert np.isnan(bad[1:]).all() and not np.isnan(bad[0]).any()
+    with pytest.raises(ValueError):
+        quant.embed_rows(mx.array([1], mx.int32), packed, scales[:, :2], biases[:, :2], 8, 32)
+    with pytest.raises(ValueError):
+        quant.embed_rows(mx.array([1], mx.int32), packed, scales, biases, 3, 32)

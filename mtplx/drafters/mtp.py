@@ -203,12 +203,12 @@ class MTPDrafter(OneSource):
         if valid is None:
             logits, hidden = out_logits[0, -1], out_hidden[:, -1:]
         else:  # the pairs past the valid ones leave the cache; read the last valid one's
-            unused = self._last_size - valid
-            self.cache[0].trim_lazily(unused)
+            self.cache[0].trim_lazily(self._last_size - valid)
             self.num_fed_unsettled += 1
-            last = (tokens_in.shape[1] - 1 - unused).reshape(1)
-            logits = mx.take(out_logits[0], last, axis=0)[0]
-            hidden = mx.take(out_hidden, last, axis=1)
+            # [1]: the last valid pair's index among the fed ones (the batch is fed last)
+            last = (valid + (int(tokens_in.shape[1]) - 1 - self._last_size)).reshape(1)
+            logits = mx.take(out_logits, last, axis=1).reshape(-1)  # [V']
+            hidden = mx.take(out_hidden, last, axis=1)  # [1, 1, H]
         if self.commits_lazily:
             self.checkpoint = self.cache[0].checkpoint()
         else:

@@ -9,26 +9,34 @@ node costs dispatch on the engine thread. Where the head is served quantized on 
 - its layer's halves on the fused kernels (``mtplx.fused_layer``: ``before`` = input norm,
   fused q/k/v, RoPE; ``after`` = o_proj, residual, norm, fused gate/up, SwiGLU, down,
   residual), with the trunk's own stacking of q/k/v and gate/up and its hoisted RoPE
-  angles; attention over the head's own cache stays mlx-lm's ops (the fused attention
-  kernel's vectorised ``exp`` would change the head's bits, and its drafts with them);
+  angles;
+- its attention over its own cache on the fused attention kernel (``mtplx.attention``),
+  the cache's buffers read as a store of one slot: a handful of nodes instead of mlx-lm's
+  mask and ~20 attention ops. The kernel's vectorised ``exp`` gives other bits than MLX's,
+  so the head's drafts differ from mlx-lm's layer's; what speculative decoding outputs does
+  not (the acceptance rule is exact whatever the drafts), and the kernel is as
+  batch-invariant as the rest (a token's result depends on its query, its row's keys and
+  its count only);
 - the ops before the layer (embedding lookup, the two input norms, fc) and after it (norm,
   the head's own LM head) as two compiled functions.
 
-Every output is bitwise mlx-lm's layer's (``tests/test_models_fused_head.py``). It lives
+Every output is bitwise mlx-lm's layer's with the attention kernel in place of its
+``scaled_dot_product_attention`` (``tests/test_models_fused_head.py``). It lives
 outside ``mtp_nextn`` so that the model loader's modules do not import the kernels' modules
 (which import the models package); the MTP drafter fuses the head it drafts with.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 
-from mtplx import fused_layer
+from mtplx import attention, fused_layer
+from mtplx.lazy_cache import LazyKVCache
 from mtplx.models.compiled_layer import CompiledLayer
 from mtplx.models.fused_projections import fuse_projections
 from mtplx.models.mtp_nextn import NextNHead, NextNModule, _packs
@@ -42,7 +50,7 @@ from mtplx.models.quantized import (
 )
 from mtplx.models.target import Trunk
 
-__all__ = ["FusedHead", "fuse_head"]
+__all__ = ["FusedHead", "RopeAngles", "fuse_head"]
 
 
 def fuse_head(head: Any) -> bool:
@@ -61,15 +69,15 @@ class FusedHead(NamedTuple):
     """A head step as the trunk's quantized CPU path runs its layers: the decoder layer's
     halves on the fused kernels (``mtplx.fused_layer``: ``before`` = input norm, the fused
     q/k/v product, RoPE; ``after`` = o_proj, residual, post-attention norm, fused gate/up,
-    SwiGLU, down, residual), attention over the head's own cache in mlx-lm's ops, and the
-    norms, fc and head projection around it compiled (``into``, ``out``): mlx-lm's bits in
-    ~90 graph nodes a step instead of ~220."""
+    SwiGLU, down, residual), attention over the head's own cache on the attention kernel,
+    and the norms, fc and head projection around it compiled (``into``, ``out``): ~65 graph
+    nodes a step instead of mlx-lm's ~220."""
 
     qkv: QuantWeight  # [q | k | v] rows
     o_proj: QuantWeight
     gate_up: QuantWeight  # [gate | up] rows
     down: QuantWeight
-    compiled: CompiledLayer  # its ``rope_tables``: the RoPE angles of the fed positions
+    angles: RopeAngles  # the RoPE angles of the fed positions, from a table by position
     # (tokens [1, N], hidden [1, N, H]) -> fc(concat(norm_e(embed(tokens)), norm_h(hidden)))
     into: Callable[[mx.array, mx.array], mx.array]
     # x [1, N, H] -> (logits [1, N, V'] or None for the trunk's head, norm(x) [1, N, H])
@@ -92,7 +100,7 @@ def _fuse_head(module: NextNModule, index: int, trunk: Trunk) -> FusedHead | Non
     quantized kernel, no biases, and mlx's plain RoPE (what the trunk's fused path takes),
     and its norms, fc and own head (if any) are plain RMSNorm / linear layers."""
     layer = module.layers[index]
-    if not _packs(layer) or not fused_layer.available():
+    if not _packs(layer) or not fused_layer.available() or not attention.available():
         return None
     attn, mlp = layer.self_attn, layer.mlp
     projections = (
@@ -129,7 +137,8 @@ def _fuse_head(module: NextNModule, index: int, trunk: Trunk) -> FusedHead | Non
     ):
         return None
     into, out = _compiled_ends(module, trunk)
-    return FusedHead(fused.qkv, o_proj, fused.gate_up, down, compiled, into, out, layer)
+    angles = RopeAngles(compiled.rope_tables)
+    return FusedHead(fused.qkv, o_proj, fused.gate_up, down, angles, into, out, layer)
 
 
 def _compiled_ends(
@@ -180,10 +189,108 @@ def _compiled_ends(
     return step_in, step_out
 
 
+def _attend_row(
+    attn: Any, cache: Any, q: mx.array, k: mx.array, v: mx.array, positions: mx.array
+) -> mx.array:
+    """One row's attention over its own cache on the fused attention kernel: q [T, heads, d]
+    and k, v [T, kv_heads, d] (roped) of its tokens at ``positions`` [T] int32 -> [T, heads
+    * d]. The keys and values go into the cache's buffers ([1, kv_heads, capacity, d], a
+    ``LazyKVCache``'s or mlx-lm's ``KVCache``'s) at its offset; the kernel reads the buffer
+    as a store of one slot, token t seeing its first ``positions[t] + 1`` entries (the
+    causal mask and the row's length in one count, lazy where the offset is)."""
+    size = int(q.shape[0])
+    if isinstance(cache, LazyKVCache):
+        _write_lazy(cache, k, v)
+    else:
+        cache.update_and_fetch(k[None].transpose(0, 2, 1, 3), v[None].transpose(0, 2, 1, 3))
+    return attention.attend(
+        q, cache.keys, cache.values, _zeros(size), positions + 1, attn.scale
+    )  # [T, heads * d]
+
+
+def _write_lazy(cache: LazyKVCache, k: mx.array, v: mx.array) -> None:
+    """k, v [T, kv_heads, d] into a lazy cache's buffers at its (lazy) offset with the KV
+    write kernel (``fused_layer.write``, one node each, in place where MLX allows): the
+    entries ``update_and_fetch`` writes, without its transposes and slice updates."""
+    size, kv_heads, dim = (int(n) for n in k.shape)
+    like = mx.zeros((1, kv_heads, 1, dim), k.dtype)  # only its shape and dtype are read
+    capacity = cache.reserve(size, like, like)
+    assert cache.keys is not None and cache.values is not None
+    write_at = cache.offset + _store_rows(kv_heads, capacity, size)  # [kv_heads * T]
+    cache.keys, cache.values = fused_layer.write(
+        cache.keys, cache.values, k, v, write_at, _arange(size), size
+    )
+    cache.advance(size)
+
+
+@functools.lru_cache(maxsize=64)
+def _store_rows(kv_heads: int, capacity: int, size: int) -> mx.array:
+    """[kv_heads * T] int32, evaluated: head h's token t's row of a one-slot store at offset
+    0 (``h * capacity + t``, the KV write's layout; the offset is added to it)."""
+    rows = (
+        mx.arange(kv_heads, dtype=mx.int32)[:, None] * capacity
+        + mx.arange(size, dtype=mx.int32)[None]
+    ).reshape(-1)
+    mx.eval(rows)
+    return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(size: int) -> mx.array:
+    """[size] int32 0 .. size - 1, evaluated (a graph constant)."""
+    rows = mx.arange(size, dtype=mx.int32)
+    mx.eval(rows)
+    return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(size: int) -> mx.array:
+    """[size] int32 zeros, evaluated: every token's slot in a one-slot store (a constant of
+    the graph, where ``mx.zeros`` would add nodes to every head step)."""
+    zeros = mx.zeros((size,), mx.int32)
+    mx.eval(zeros)
+    return zeros
+
+
+class RopeAngles:
+    """The head's RoPE angles (cos, sin) by position, taken from tables of every position
+    up to a bound (two gathers a step where computing them is ~12 graph nodes). The tables
+    are the trunk's ``rope_tables`` over all their positions at once, evaluated when they
+    grow; an angle depends on its position only, so a row's angles are the same whatever
+    else is fed with it (the tables hold the bits ``rope_tables`` gives each position
+    alone: ``tests/test_models_fused_head.py``)."""
+
+    GROWTH = 1024  # positions the tables grow by
+
+    def __init__(self, tables: Callable[[mx.array], tuple[mx.array, mx.array]]) -> None:
+        self.tables = tables
+        self.cos: mx.array | None = None  # [size, dims / 2]
+        self.sin: mx.array | None = None
+        self.size = 0
+
+    def at(self, positions: mx.array, bound: int) -> tuple[mx.array, mx.array]:
+        """cos and sin [N, dims / 2] of positions [N] int32 (lazy), every one below
+        ``bound`` (what the host knows of them)."""
+        if bound > self.size:
+            size = -(-bound // self.GROWTH) * self.GROWTH
+            cos, sin = self.tables(mx.arange(size, dtype=mx.int32))
+            self.cos, self.sin = cos.reshape(size, -1), sin.reshape(size, -1)
+            mx.eval(self.cos, self.sin)
+            self.size = size
+        assert self.cos is not None and self.sin is not None
+        return mx.take(self.cos, positions, axis=0), mx.take(self.sin, positions, axis=0)
+
+
+def _bound(cache: Any) -> int:
+    """What the host knows of a cache's offset: it is at most this (a ``LazyKVCache``'s
+    ``bound``; mlx-lm's caches hold an int offset)."""
+    return int(cache.bound) if isinstance(cache, LazyKVCache) else int(cache.offset)
+
+
 def _positions(cache: Any, size: int) -> mx.array:
     """[size] int32: the positions of a row's next ``size`` entries (the cache's offset is
     an int, or a lazy [] int32 in a ``LazyKVCache``)."""
-    return cache.offset + mx.arange(size, dtype=mx.int32)
+    return cache.offset + _arange(size)
 
 
 def _fused_rows(
@@ -195,13 +302,13 @@ def _fused_rows(
 ) -> mx.array:
     """mlx-lm's llama layer over packed rows x [1, N, H] -> [1, N, H], its halves on the fused
     kernels: q / k / v of every token in one ``before`` (each roped at its own row's
-    position), each row's cache and attention alone in mlx-lm's ops (as
-    ``_attention_rows``), then one ``after``."""
+    position), each row's cache and attention alone (``_attend_row``), then one ``after``."""
     attn = layer.self_attn
     norm = layer.input_layernorm
     positions = [_positions(cache[0], size) for size, cache in zip(sizes, caches, strict=True)]
-    cos, sin = parts.compiled.rope_tables(
-        mx.concatenate(positions) if len(positions) > 1 else positions[0]
+    cos, sin = parts.angles.at(
+        mx.concatenate(positions) if len(positions) > 1 else positions[0],
+        max(_bound(cache[0]) + size for size, cache in zip(sizes, caches, strict=True)),
     )
     queries, keys, values = fused_layer.before(
         x,
@@ -217,21 +324,12 @@ def _fused_rows(
     )  # [N, heads, d], [N, kv_heads, d] x 2
     outputs = []
     start = 0
-    for size, cache in zip(sizes, caches, strict=True):
+    for size, cache, at in zip(sizes, caches, positions, strict=True):
         end = start + size
         q, k, v = queries, keys, values
         if len(sizes) > 1:
             q, k, v = q[start:end], k[start:end], v[start:end]
-        q = q.reshape(1, size, attn.n_heads, -1).transpose(0, 2, 1, 3)
-        k = k.reshape(1, size, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        v = v.reshape(1, size, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        layer_cache = cache[0]
-        mask = create_attention_mask(x[:, start:end] if len(sizes) > 1 else x, layer_cache)
-        k, v = layer_cache.update_and_fetch(k, v)
-        out = scaled_dot_product_attention(
-            q, k, v, cache=layer_cache, scale=attn.scale, mask=mask
-        )  # [1, heads, T_i, d]
-        outputs.append(out.transpose(0, 2, 1, 3).reshape(size, -1))
+        outputs.append(_attend_row(attn, cache[0], q, k, v, at))
         start = end
     post = layer.post_attention_layernorm
     return fused_layer.after(

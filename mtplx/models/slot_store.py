@@ -130,7 +130,11 @@ class SlotStores:
     def trim_lazily(self, row: SlotRow, num_tokens: mx.array) -> None:
         """``trim`` by a count still computing ([] int32): later forwards of the row write
         and attend as if it were trimmed; ``settle`` applies it to ``row.length``."""
-        row.unsettled.append(num_tokens.astype(mx.int32))
+        # The count itself where it is int32 already: ``settle`` then reads the array the
+        # cycle's evaluation computed, not a conversion computed later.
+        row.unsettled.append(
+            num_tokens if num_tokens.dtype == mx.int32 else num_tokens.astype(mx.int32)
+        )
 
     def settle(self, row: SlotRow) -> int:
         """Read the row's oldest lazy trim (its verdict must be computed or computing) and
