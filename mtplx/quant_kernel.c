@@ -29,7 +29,8 @@
  * Speed: a column's weights are unpacked once per call. Up to TILE_ROWS rows they are
  * unpacked in registers and applied to every row at once; beyond, a tile of columns is
  * unpacked to a small scratch panel that stays in L1 while all row tiles pass over it.
- * Columns are split between the calling thread and helpers in chunks of CHUNK_COLS.
+ * Columns are split between the calling thread and helpers in chunks of CHUNK_COLS (a
+ * prompt chunk's last one in halves when the chunks do not divide between the threads).
  */
 #include <pthread.h>
 #include <sched.h>
@@ -378,7 +379,7 @@ static void columns(const qmm_t *p, int n0, int n1) {
  * projection of a small model, splitting shortens the step (at the price of the spins:
  * where other work shares the cores, MTPLX_QUANT_THREADS=1 keeps every product on one). */
 enum { MAX_THREADS = 8, SPIN_ROUNDS = 4000, CHUNK_COLS = 64, MIN_PARALLEL_WORK = 1 << 18 };
-enum { WAIT_SPINS = 256 }; /* the caller's spins on a helper's last chunk before yielding */
+enum { WAIT_SPINS = 256, HALF_COLS = CHUNK_COLS / 2 }; /* the caller's spins on a helper's last chunk before yielding */
 
 static int threads_wanted = 1;
 static int num_helpers = 0;
@@ -388,6 +389,9 @@ static qmm_t shared;
 static void (*shared_fn)(void *ctx, int lo, int hi);
 static void *shared_ctx;
 static int shared_grain, shared_rows;
+/* A product's chunks: the first shared_whole are CHUNK_COLS wide, the rest half that (a
+ * prompt chunk's last columns in halves, so the threads finish together). */
+static int shared_whole;
 static atomic_ulong ticket; /* serial << 32 | chunks << 16 | next chunk */
 static atomic_int busy_helpers;
 static atomic_ulong split_calls;
@@ -415,7 +419,9 @@ static void take_chunks(void) {
             const int lo = (int)next * shared_grain, hi = lo + shared_grain;
             shared_fn(shared_ctx, lo, hi < shared_rows ? hi : shared_rows);
         } else {
-            int n0 = (int)next * CHUNK_COLS, n1 = n0 + CHUNK_COLS;
+            const int whole = shared_whole, i = (int)next;
+            const int n0 = i < whole ? i * CHUNK_COLS : whole * CHUNK_COLS + (i - whole) * HALF_COLS;
+            const int n1 = n0 + (i < whole ? CHUNK_COLS : HALF_COLS);
             columns(&shared, n0, n1 < shared.N ? n1 : shared.N);
         }
         t = atomic_load_explicit(&ticket, memory_order_acquire);
@@ -489,7 +495,7 @@ static void split(long chunks) {
 
 static void run(const qmm_t *p) {
     const long work = (long)p->N * p->K * p->M;
-    const long chunks = ((long)p->N + CHUNK_COLS - 1) / CHUNK_COLS;
+    long chunks = ((long)p->N + CHUNK_COLS - 1) / CHUNK_COLS;
     if (threads_wanted <= 1 || work < MIN_PARALLEL_WORK || chunks < 2 || chunks > 0xffff ||
         pthread_mutex_trylock(&call_lock) != 0) {
         columns(p, 0, p->N);
@@ -497,6 +503,15 @@ static void run(const qmm_t *p) {
     }
     shared = *p;
     shared_fn = NULL;
+    shared_whole = (int)chunks;
+    /* Many rows (a prompt chunk): a chunk takes long, and chunks that do not divide between
+     * the threads leave all but one waiting for the last (9 chunks on 2 threads: 5 against
+     * 4). The last whole chunk then goes in halves, the columns' work unchanged. */
+    if (p->M > TILE_ROWS && chunks % threads_wanted != 0) {
+        shared_whole = (int)chunks - 1;
+        chunks = shared_whole + ((long)p->N - (long)shared_whole * CHUNK_COLS + HALF_COLS - 1) /
+                                    HALF_COLS;
+    }
     split(chunks);
 }
 
