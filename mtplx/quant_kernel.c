@@ -720,24 +720,52 @@ static void quantize_rows(const float *x, int M, int K, int group, int bits, int
             const float *xg = xr + (long)g * group;
             float amax = 0.0f;
             int finite = 1, sum = 0;
+#if defined(__AVX512F__)
+            /* The same operations 16 lanes at a time: max(a, most) keeps most where a is
+             * NaN, as the scalar comparison does; a max is exact in any order. */
+            __m512 most = _mm512_setzero_ps();
+            for (int i = 0; i < group; i += 16) {
+                const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xg + i));
+                most = _mm512_max_ps(a, most);
+                finite &= _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.40282347e38f), _CMP_LE_OQ) ==
+                          0xffff;
+            }
+            amax = _mm512_reduce_max_ps(most);
+#else
             for (int i = 0; i < group; i++) {
                 const float a = __builtin_fabsf(xg[i]);
                 amax = a > amax ? a : amax;
                 finite &= a <= 3.40282347e38f; /* false for inf and NaN */
             }
+#endif
             float dg = amax / 127.0f;
             if (!finite) {
                 /* A NaN or infinity reaches the outputs as NaN (as in a float product),
                  * not as whatever an 8-bit rounding of it would be. */
                 dg = __builtin_nanf("");
             } else if (dg > 0.0f) {
+                int qs[128]; /* group <= 128 */
+#if defined(__AVX512F__)
+                /* x / d rounded to the nearest integer, ties to even (rintf in the default
+                 * rounding mode), clamped: IEEE operations, the scalar's bits. */
+                const __m512 dv = _mm512_set1_ps(dg), top = _mm512_set1_ps(127.0f);
+                for (int i = 0; i < group; i += 16) {
+                    __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(xg + i), dv),
+                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    v = _mm512_max_ps(_mm512_min_ps(v, top), _mm512_set1_ps(-127.0f));
+                    _mm512_storeu_si512(qs + i, _mm512_cvtps_epi32(v));
+                }
+#else
                 for (int i = 0; i < group; i++) {
                     float v = __builtin_rintf(xg[i] / dg);
                     v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-                    const int q = (int)v;
+                    qs[i] = (int)v;
+                }
+#endif
+                for (int i = 0; i < group; i++) {
                     const long k = (long)g * group + i;
-                    out[bits == 4 ? x8_position(k) : k] = (int8_t)q;
-                    sum += q;
+                    out[bits == 4 ? x8_position(k) : k] = (int8_t)qs[i];
+                    sum += qs[i];
                 }
             } else {
                 dg = 0.0f;
