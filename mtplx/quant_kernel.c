@@ -745,6 +745,7 @@ static void quantize_rows(const float *x, int M, int K, int group, int bits, int
                 dg = __builtin_nanf("");
             } else if (dg > 0.0f) {
                 int qs[128]; /* group <= 128 */
+                int stored = 0; /* by the pairs path below, else element by element */
 #if defined(__AVX512F__)
                 /* x / d rounded to the nearest integer, ties to even (rintf in the default
                  * rounding mode), clamped: IEEE operations, the scalar's bits. */
@@ -762,11 +763,23 @@ static void quantize_rows(const float *x, int M, int K, int group, int bits, int
                     qs[i] = (int)v;
                 }
 #endif
-                for (int i = 0; i < group; i++) {
-                    const long k = (long)g * group + i;
-                    out[bits == 4 ? x8_position(k) : k] = (int8_t)qs[i];
-                    sum += qs[i];
+                for (int i = 0; i < group; i++) sum += qs[i];
+                const long k0 = (long)g * group;
+#if XCHUNK
+                if (bits == 4 && group <= XCHUNK && XCHUNK % group == 0) {
+                    /* The group lies in one XCHUNK: its even elements go to consecutive
+                     * places from x8_position(k0), its odd ones from XCHUNK / 2 further. */
+                    int8_t *even = out + x8_position(k0), *odd = even + XCHUNK / 2;
+                    for (int j = 0; j < group / 2; j++) {
+                        even[j] = (int8_t)qs[2 * j];
+                        odd[j] = (int8_t)qs[2 * j + 1];
+                    }
+                    stored = 1;
                 }
+#endif
+                if (!stored)
+                    for (int i = 0; i < group; i++)
+                        out[bits == 4 ? x8_position(k0 + i) : k0 + i] = (int8_t)qs[i];
             } else {
                 dg = 0.0f;
             }
