@@ -3,8 +3,9 @@ and hidden states (``mtplx.models.kv_store``), and blocks of a row's positions s
 prefix cache.
 
 Every row is a slot of the shared store while it fits in ``shared_capacity`` positions;
-a longer row moves to a store of its own (its KV so far copied over), so memory follows
-what runs, not the longest row times the slot count. Rejected draft tokens are dropped by
+a longer row moves to a store of its own (its KV so far copied over), or starts there when
+its prompt is known to outgrow the shared store (``new_row(expected_length)``), so memory
+follows what runs, not the longest row times the slot count. Rejected draft tokens are dropped by
 shortening a row (``trim``, ``rollback``) or lazily (``trim_lazily``: the count is an array
 still computing, applied by ``settle``).
 """
