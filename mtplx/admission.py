@@ -103,7 +103,7 @@ class Admission(EngineState):
             request=request,
             tokens=list(prompt),
             num_prompt_tokens=len(prompt),
-            row=self.batched.new_row(),
+            row=self.batched.new_row(len(prompt)),
             seed=config.seed if config.seed is not None else secrets.randbits(63),
             drafter=drafter,
             policies=policies,

@@ -25,7 +25,14 @@
  * - the result: the weighted sum divided by the normaliser.
  * Whether a multiply-add rounds once or twice is fixed per build, as in quant_kernel.c.
  *
- * Threads: (token, kv head) items are taken in chunks by whichever thread is free; each item
+ * Blocks (data reuse only, no arithmetic): consecutive tokens of one slot (a prompt chunk's,
+ * a verify's) are taken a few at a time with one kv head, so that each key is loaded once for
+ * two query rows (their scores W / 2 keys at a time, reduced together: the same chains and
+ * the same tree) and each value once for up to HEAD_BLOCK rows (every row's weighted sum
+ * over the keys all of them see, then each row alone over the rest of its own). A row never
+ * reads a key or value past its own count, whatever block it is in.
+ *
+ * Threads: (block, kv head) items are taken in chunks by whichever thread is free; each item
  * is computed whole by one thread, so the split changes no bit.
  */
 #include <math.h>
@@ -187,25 +194,27 @@ typedef struct {
     float scale;
 } attn_t;
 
-enum { MAX_REPEATS = 64, HEAD_BLOCK = 4, VEC_BLOCK = 4 };
+/* BLOCK_ROWS: the query rows (tokens x the heads of a kv head) a block of consecutive tokens
+ * of one slot gathers, so that each value is loaded once for HEAD_BLOCK rows; a kv head of
+ * more heads than that takes one token a block. */
+enum { MAX_REPEATS = 64, HEAD_BLOCK = 6, VEC_BLOCK = 4, BLOCK_ROWS = 12 };
+enum { MAX_BLOCK_ROWS = MAX_REPEATS > BLOCK_ROWS ? MAX_REPEATS : BLOCK_ROWS };
 
-/* Weighted sums of H (<= HEAD_BLOCK) heads' rows of p over V, output vectors e0 .. e0 + E
- * (E <= VEC_BLOCK): H x E independent accumulators (a single one per element would chain
- * every multiply-add on the previous one's latency), each element still summed in
- * ascending j. */
-static inline __attribute__((always_inline)) void weighted(const float *V, long dv, int L,
-                                                            const float *const *p, const int H,
-                                                            int e0, const int E, vf acc[][4]) {
-#pragma GCC unroll 4
-    for (int h = 0; h < H; h++)
-#pragma GCC unroll 4
-        for (int e = 0; e < E; e++) acc[h][e] = (vf){0};
-    for (int j = 0; j < L; j++) {
+/* Weighted sums of H (<= HEAD_BLOCK) rows of p (a token's head each) over V, keys j0 .. j1,
+ * output vectors e0 .. e0 + E (E <= VEC_BLOCK): H x E independent accumulators (a single
+ * one per element would chain every multiply-add on the previous one's latency), each
+ * element still summed in ascending j, continuing from what acc holds (the caller clears it
+ * before j = 0), so a row's keys may be taken in several ranges with the same bits. */
+static inline __attribute__((always_inline)) void weighted(const float *V, long dv, int j0,
+                                                            int j1, const float *const *p,
+                                                            const int H, int e0, const int E,
+                                                            vf acc[][VEC_BLOCK]) {
+    for (int j = j0; j < j1; j++) {
         const float *v = V + (long)j * dv + e0;
-        vf x[4];
+        vf x[VEC_BLOCK];
 #pragma GCC unroll 4
         for (int e = 0; e < E; e++) x[e] = loadf(v + e * W);
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int h = 0; h < H; h++) {
             const vf w = splat(p[h][j]);
 #pragma GCC unroll 4
@@ -231,75 +240,143 @@ static inline __attribute__((always_inline)) void key_block(const float *k, cons
     }
 }
 
-/* One (token, kv head) item: the heads / kv query heads that share its keys and values,
- * together (each key and value is loaded once for all of them). scores holds repeats rows
- * of count rounded up to W floats. */
-static void item(const attn_t *p, int i, int g, float *scores, float *scaled) {
-    const int d = p->d, L = p->count[i], repeats = p->heads / p->kv;
-    const int dvec = d - d % W, padded = (L + W - 1) / W * W;
-    const long base = ((long)p->slot[i] * p->kv + g) * p->cap;
-    const float *K = p->keys + base * d;
-    const float *V = p->values + base * p->dv;
-#define qs(r) (scaled + (long)(r) * d) /* the scaled queries, in the worker's scratch */
-    float top[MAX_REPEATS];
-    for (int r = 0; r < repeats; r++) {
-        const float *q = p->q + ((long)i * p->heads + g * repeats + r) * d;
-        float *row = qs(r);
-        for (int e = 0; e < d; e++) row[e] = q[e] * p->scale;
-        top[r] = -INFINITY;
+/* A value kept in a register: the compiler would otherwise fold its load into each of the
+ * two multiply-adds that use it, loading it twice. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && (W == 16 || defined(__AVX__))
+#define PIN(v) __asm__("" : "+v"(v))
+#else
+#define PIN(v) (void)0
+#endif
+
+/* Partial scores of W / 2 consecutive keys k against two queries qa, qb: d outer, keys
+ * inner, each key loaded once for both; acc[u] (u < W / 2) is qa's with key u, acc[W / 2 +
+ * u] qb's: the same chains as key_block's, so reduce_many gives the same bits. */
+static inline __attribute__((always_inline)) void key_pair(const float *k, const float *qa,
+                                                            const float *qb, const int d,
+                                                            vf acc[W]) {
+    enum { KP = W / 2 };
+    vf a = loadf(qa), b = loadf(qb);
+#pragma GCC unroll 8
+    for (int u = 0; u < KP; u++) {
+        vf key = loadf(k + (long)u * d);
+        PIN(key);
+        acc[u] = a * key;
+        acc[KP + u] = b * key;
     }
-    int j0 = 0;
-    if (dvec) /* W keys at a time, their W scores reduced together (the same bits) */
-        for (; j0 + W <= L; j0 += W)
-            for (int r = 0; r < repeats; r++) {
+#pragma GCC unroll 8
+    for (int e = W; e < d; e += W) {
+        a = loadf(qa + e);
+        b = loadf(qb + e);
+#pragma GCC unroll 8
+        for (int u = 0; u < KP; u++) {
+            vf key = loadf(k + (long)u * d + e);
+            PIN(key);
+            acc[u] = vfma(a, key, acc[u]);
+            acc[KP + u] = vfma(b, key, acc[KP + u]);
+        }
+    }
+}
+
+/* Scores of rows ra and rb (two query heads over the same keys) for keys 0 .. n (n a
+ * multiple of W / 2), W / 2 keys at a time. */
+static void pair_scores(const float *K, const float *qa, const float *qb, int d, int n,
+                        float *ra, float *rb) {
+    typedef float vhalf __attribute__((vector_size(W * 2)));
+    for (int j0 = 0; j0 < n; j0 += W / 2) {
+        vf acc[W];
+        if (d == 64) key_pair(K + (long)j0 * d, qa, qb, 64, acc);
+        else if (d == 128) key_pair(K + (long)j0 * d, qa, qb, 128, acc);
+        else key_pair(K + (long)j0 * d, qa, qb, d, acc);
+        const vf s = reduce_many(acc);
+#if W == 16
+        const vhalf lo = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7);
+        const vhalf hi = __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+        const vhalf lo = __builtin_shufflevector(s, s, 0, 1, 2, 3);
+        const vhalf hi = __builtin_shufflevector(s, s, 4, 5, 6, 7);
+#endif
+        memcpy(ra + j0, &lo, sizeof lo);
+        memcpy(rb + j0, &hi, sizeof hi);
+    }
+}
+
+/* The softmax of a block's rows: tokens i0 .. i0 + T - 1 of one slot, each with the
+ * repeats query heads of kv head g (row t * repeats + r: query head g * repeats + r of token
+ * i0 + t). Row h's scores over its count[h] keys, max, exp and normaliser go to scores + h
+ * * stride (stride: at least the largest count rounded up to W) and denom[h]. scaled: the
+ * rows' scaled queries, T x repeats x d floats of scratch.
+ *
+ * Every score is the order of the header (a W-lane chain over d, the halving tree), however
+ * its key is reached: rows in pairs over the keys both see (W / 2 keys a time), then each
+ * row alone over the rest, W keys a time, then key by key; each its own bits. */
+static void block_softmax(const attn_t *p, int i0, int T, int g, float *scores, long stride,
+                          float *scaled, const int *count, float *denom) {
+    const int d = p->d, repeats = p->heads / p->kv, nrows = T * repeats;
+    const int dvec = d - d % W;
+    const float *K = p->keys + ((long)p->slot[i0] * p->kv + g) * p->cap * d;
+#define qs(h) (scaled + (long)(h) * d)
+#define row_of(h) (scores + (long)(h) * stride)
+    int done[MAX_BLOCK_ROWS];
+    for (int h = 0; h < nrows; h++) {
+        const int t = h / repeats, r = h % repeats;
+        const float *q = p->q + ((long)(i0 + t) * p->heads + g * repeats + r) * d;
+        for (int e = 0; e < d; e++) qs(h)[e] = q[e] * p->scale;
+        done[h] = 0;
+    }
+    if (dvec == d) /* rows in pairs: each key loaded once for two rows */
+        for (int h = 0; h + 1 < nrows; h += 2) {
+            const int common = count[h] < count[h + 1] ? count[h] : count[h + 1];
+            const int n = common - common % (W / 2);
+            pair_scores(K, qs(h), qs(h + 1), d, n, row_of(h), row_of(h + 1));
+            done[h] = done[h + 1] = n;
+        }
+    for (int h = 0; h < nrows; h++) {
+        const int L = count[h], padded = (L + W - 1) / W * W;
+        float *row = row_of(h);
+        int j0 = done[h];
+        if (dvec) /* W keys at a time, their W scores reduced together (the same bits) */
+            for (; j0 + W <= L; j0 += W) {
                 vf acc[W];
                 const float *k = K + (long)j0 * d;
                 /* The usual head sizes as constants: the keys' addresses are then offsets
                  * from one pointer. */
-                if (d == 64) key_block(k, qs(r), 64, 64, acc);
-                else if (d == 128) key_block(k, qs(r), 128, 128, acc);
-                else key_block(k, qs(r), d, dvec, acc);
-                float *row = scores + (long)r * padded + j0;
-                storef(row, reduce_many(acc));
+                if (d == 64) key_block(k, qs(h), 64, 64, acc);
+                else if (d == 128) key_block(k, qs(h), 128, 128, acc);
+                else key_block(k, qs(h), d, dvec, acc);
+                storef(row + j0, reduce_many(acc));
                 for (int u = 0; u < W && dvec < d; u++) {
                     const float *kt = K + (long)(j0 + u) * d;
-                    for (int e = dvec; e < d; e++) row[u] = sfma(qs(r)[e], kt[e], row[u]);
+                    for (int e = dvec; e < d; e++) row[j0 + u] = sfma(qs(h)[e], kt[e], row[j0 + u]);
                 }
             }
-    for (int r = 0; r < repeats; r++) { /* the max of those scores (exact in any order) */
-        const float *row = scores + (long)r * padded;
-        vf most = splat(-INFINITY);
-        for (int j = 0; j < j0; j += W) {
-            const vf v = loadf(row + j);
-            const vi more = v > most;
-            most = (vf)((more & (vi)v) | (~more & (vi)most));
-        }
-        for (int l = 0; l < W; l++) top[r] = most[l] > top[r] ? most[l] : top[r];
-    }
-    for (int j = j0; j < L; j++) {
-        const float *k = K + (long)j * d;
-        for (int r = 0; r < repeats; r++) {
+        for (int j = j0; j < L; j++) { /* key by key */
+            const float *k = K + (long)j * d;
             float s;
             if (dvec) {
-                vf acc = loadf(qs(r)) * loadf(k);
-                for (int e = W; e < dvec; e += W) acc = vfma(loadf(qs(r) + e), loadf(k + e), acc);
+                vf acc = loadf(qs(h)) * loadf(k);
+                for (int e = W; e < dvec; e += W) acc = vfma(loadf(qs(h) + e), loadf(k + e), acc);
                 s = reduce(acc);
             } else {
                 s = 0.0f;
             }
-            for (int e = dvec; e < d; e++) s = sfma(qs(r)[e], k[e], s);
-            scores[(long)r * padded + j] = s;
-            top[r] = s > top[r] ? s : top[r];
+            for (int e = dvec; e < d; e++) s = sfma(qs(h)[e], k[e], s);
+            row[j] = s;
         }
-    }
-    float denom[MAX_REPEATS];
-    const float *rows[MAX_REPEATS];
-    for (int r = 0; r < repeats; r++) {
+        /* the max (exact in any order) */
+        vf most = splat(-INFINITY);
+        int j = 0;
+        for (; j + W <= L; j += W) {
+            const vf v = loadf(row + j);
+            const vi more = v > most;
+            most = (vf)((more & (vi)v) | (~more & (vi)most));
+        }
+        float top = -INFINITY;
+        for (int l = 0; l < W; l++) top = most[l] > top ? most[l] : top;
+        for (; j < L; j++) top = row[j] > top ? row[j] : top;
         /* exp over the row, then the normaliser; pads weigh exactly 0 (x + 0 = x). */
-        float *row = scores + (long)r * padded;
-        const vf m = splat(top[r]);
+        const vf m = splat(top);
         vf total = (vf){0};
-        for (int j = 0; j < padded; j += W) {
+        for (j = 0; j < padded; j += W) {
             /* Lanes past L (the last vector's pads) are cleared by a mask: writing single
              * lanes would keep the vector in memory through the whole loop. */
             const vi keep = (lane + j) < splat_i(L);
@@ -307,55 +384,98 @@ static void item(const attn_t *p, int i, int g, float *scores, float *scaled) {
             storef(row + j, e);
             total += e;
         }
-        denom[r] = reduce(total);
-        rows[r] = row;
+        denom[h] = reduce(total);
     }
-    float *out = p->out + ((long)i * p->heads + g * repeats) * d;
-    for (int h0 = 0; h0 < repeats; h0 += HEAD_BLOCK) {
-        const int H = repeats - h0 < HEAD_BLOCK ? repeats - h0 : HEAD_BLOCK;
+#undef row_of
+#undef qs
+}
+
+/* Weighted sums of H (<= HEAD_BLOCK, a constant at each call) rows over the first vectors
+ * e0 .. e0 + E of V: row h over its own count[h] keys, all rows together over the keys they
+ * all see, then each row on alone over the rest (the same multiply-adds in the same order:
+ * a row's bits do not depend on the rows beside it); out[h] + e0 = the sums / denom[h]. */
+static inline __attribute__((always_inline)) void weighted_rows(
+    const float *V, long dv, const float *const *rows, const int *count, const float *denom,
+    float *const *out, const int H, int e0, const int E) {
+    vf acc[HEAD_BLOCK][VEC_BLOCK];
+    int common = count[0];
+    for (int h = 0; h < H; h++) {
+        common = count[h] < common ? count[h] : common;
+        for (int e = 0; e < VEC_BLOCK; e++) acc[h][e] = (vf){0};
+    }
+    weighted(V, dv, 0, common, rows, H, e0, E, acc);
+    for (int h = 0; h < H; h++) {
+        if (count[h] > common) weighted(V, dv, common, count[h], rows + h, 1, e0, E, acc + h);
+        for (int e = 0; e < E; e++) storef(out[h] + e0 + e * W, acc[h][e] / splat(denom[h]));
+    }
+}
+
+/* The attention outputs of nrows rows (a token's head each, all over the same keys and
+ * values V: one slot and kv head) from their exp'd scores: rows[h] (count[h] of them),
+ * normaliser denom[h], written to out[h] (d floats). Tiles of HEAD_BLOCK rows x VEC_BLOCK
+ * vectors load each value once for the tile's rows. */
+static void outputs(const attn_t *p, const float *V, int nrows, const float *const *rows,
+                    const int *count, const float *denom, float *const *out) {
+    const int d = p->d, dvec = d - d % W;
+    for (int h0 = 0; h0 < nrows; h0 += HEAD_BLOCK) {
+        const int H = nrows - h0 < HEAD_BLOCK ? nrows - h0 : HEAD_BLOCK;
         for (int e0 = 0; e0 < dvec; e0 += VEC_BLOCK * W) {
             const int E = (dvec - e0) / W < VEC_BLOCK ? (dvec - e0) / W : VEC_BLOCK;
-            vf acc[HEAD_BLOCK][4];
-            memset(acc, 0, sizeof acc); /* (weighted() sets them; this quiets the compiler) */
             /* Constant H and E (the compiler keeps the accumulators in registers). */
-#define WEIGHTED(h_, e_) weighted(V, p->dv, L, rows + h0, h_, e0, e_, acc)
-            switch (H * 4 + E) {
-            case 5: WEIGHTED(1, 1); break;
-            case 6: WEIGHTED(1, 2); break;
-            case 7: WEIGHTED(1, 3); break;
-            case 8: WEIGHTED(1, 4); break;
-            case 9: WEIGHTED(2, 1); break;
-            case 10: WEIGHTED(2, 2); break;
-            case 11: WEIGHTED(2, 3); break;
-            case 12: WEIGHTED(2, 4); break;
-            case 13: WEIGHTED(3, 1); break;
-            case 14: WEIGHTED(3, 2); break;
-            case 15: WEIGHTED(3, 3); break;
-            case 16: WEIGHTED(3, 4); break;
-            case 17: WEIGHTED(4, 1); break;
-            case 18: WEIGHTED(4, 2); break;
-            case 19: WEIGHTED(4, 3); break;
-            default: WEIGHTED(4, 4); break;
+#define ROWS(h_, e_)                                                                        \
+    case (h_) * VEC_BLOCK + (e_):                                                           \
+        weighted_rows(V, p->dv, rows + h0, count + h0, denom + h0, out + h0, h_, e0, e_);   \
+        break
+#define ROWS_E(h_) ROWS(h_, 1); ROWS(h_, 2); ROWS(h_, 3); ROWS(h_, 4)
+            switch (H * VEC_BLOCK + E) {
+                ROWS_E(1); ROWS_E(2); ROWS_E(3); ROWS_E(4); ROWS_E(5); ROWS_E(6);
+            default: break;
             }
-#undef WEIGHTED
-            for (int h = 0; h < H; h++)
-                for (int e = 0; e < E; e++)
-                    storef(out + (long)(h0 + h) * d + e0 + e * W,
-                           acc[h][e] / splat(denom[h0 + h]));
+#undef ROWS_E
+#undef ROWS
         }
         for (int h = h0; h < h0 + H; h++)
             for (int e = dvec; e < d; e++) {
                 float acc = 0.0f;
-                for (int j = 0; j < L; j++) acc = sfma(rows[h][j], V[(long)j * p->dv + e], acc);
-                out[(long)h * d + e] = acc / denom[h];
+                for (int j = 0; j < count[h]; j++)
+                    acc = sfma(rows[h][j], V[(long)j * p->dv + e], acc);
+                out[h][e] = acc / denom[h];
             }
     }
-#undef qs
+}
+
+/* A block of T consecutive tokens i0 .. i0 + T - 1 of one slot, kv head g: the T x repeats
+ * query heads that share its keys and values. Each row's softmax is its own (softmax_rows);
+ * the weighted sums load each value once for a tile of rows (outputs). scores holds T x
+ * repeats rows of stride floats (the block's largest count rounded up to W); scaled, repeats
+ * x d floats. */
+static void block(const attn_t *p, int i0, int T, int g, float *scores, long stride,
+                  float *scaled) {
+    const int repeats = p->heads / p->kv, nrows = T * repeats;
+    const float *V = p->values + ((long)p->slot[i0] * p->kv + g) * p->cap * p->dv;
+    float denom[MAX_BLOCK_ROWS];
+    const float *rows[MAX_BLOCK_ROWS];
+    int count[MAX_BLOCK_ROWS];
+    float *out[MAX_BLOCK_ROWS];
+    for (int h = 0; h < nrows; h++) {
+        const int i = i0 + h / repeats, r = h % repeats;
+        rows[h] = scores + (long)h * stride;
+        count[h] = p->count[i];
+        out[h] = p->out + ((long)i * p->heads + g * repeats + r) * p->d;
+    }
+    block_softmax(p, i0, T, g, scores, stride, scaled, count, denom);
+    outputs(p, V, nrows, rows, count, denom, out);
 }
 
 /* -- threads: items in chunks, taken by whichever thread is free ------------------------ */
 
-enum { MAX_THREADS = 8, CHUNK_ITEMS = 8 };
+enum { MAX_THREADS = 8, CHUNK_ITEMS = 2 };
+
+/* The most tokens a block gathers: BLOCK_ROWS rows' worth, at least one token. */
+static int block_tokens(const attn_t *p) {
+    const int repeats = p->heads / p->kv;
+    return repeats >= BLOCK_ROWS ? 1 : BLOCK_ROWS / repeats;
+}
 /* Below this many multiply-adds a call stays on the calling thread (a decode step's layer:
  * starting helpers would cost more than it saves). */
 static const double MIN_PARALLEL_WORK = 4.0e6;
@@ -364,6 +484,8 @@ extern int mtplx_qmm_threads(void); /* the quantized kernel's thread setting, sh
 
 typedef struct {
     const attn_t *p;
+    const int *starts; /* [blocks + 1]: the first token of each block, then n */
+    int blocks;
     atomic_int next;
     int max_count;
 } run_t;
@@ -371,20 +493,24 @@ typedef struct {
 static void *worker(void *arg) {
     run_t *run = arg;
     const attn_t *p = run->p;
-    const int items = p->n * p->kv;
-    const size_t padded = (size_t)(run->max_count + W - 1) / W * W;
-    const size_t repeats = (size_t)(p->heads / p->kv);
-    /* Scratch on the heap (threads' stacks may be small): each head's scores, then its
-     * scaled query. */
-    const size_t bytes = sizeof(float) * (padded + (size_t)p->d) * repeats;
+    const int items = run->blocks * p->kv;
+    const size_t stride = (size_t)(run->max_count + W - 1) / W * W;
+    const size_t rows = (size_t)(p->heads / p->kv) * (size_t)block_tokens(p);
+    /* Scratch on the heap (threads' stacks may be small): a block's rows of scores, then
+     * their scaled queries. */
+    const size_t bytes = sizeof(float) * (stride + (size_t)p->d) * rows;
     float *scores = aligned_alloc(64, (bytes + 127) / 64 * 64);
     if (scores == NULL) return (void *)1;
-    float *scaled = scores + padded * repeats;
+    float *scaled = scores + stride * rows;
     for (;;) {
         const int start = atomic_fetch_add(&run->next, CHUNK_ITEMS);
         if (start >= items) break;
         const int end = start + CHUNK_ITEMS < items ? start + CHUNK_ITEMS : items;
-        for (int it = start; it < end; it++) item(p, it / p->kv, it % p->kv, scores, scaled);
+        for (int it = start; it < end; it++) {
+            const int b = it / p->kv;
+            block(p, run->starts[b], run->starts[b + 1] - run->starts[b], it % p->kv, scores,
+                  (long)stride, scaled);
+        }
     }
     free(scores);
     return NULL;
@@ -420,7 +546,18 @@ int mtplx_attend(const float *q, const float *keys, const float *values, const i
     }
     work *= 2.0 * heads * d;
     attn_t p = {q, keys, values, slot, count, out, n, heads, kv, d, cap, dv, scale};
-    run_t run = {&p, 0, max_count};
+    /* Blocks: runs of consecutive tokens of one slot, at most block_tokens each (a prompt
+     * chunk's tokens, a verify's; decode rows are blocks of one). */
+    int *starts = malloc(sizeof(int) * ((size_t)n + 1));
+    if (starts == NULL) return -3;
+    int blocks = 0;
+    for (int i = 0, most = block_tokens(&p); i < n; blocks++) {
+        const int first = i;
+        starts[blocks] = i++;
+        while (i < n && i - first < most && slot[i] == slot[first]) i++;
+    }
+    starts[blocks] = n;
+    run_t run = {&p, starts, blocks, 0, max_count};
     int threads = threads_override ? threads_override : mtplx_qmm_threads();
     threads = threads > MAX_THREADS ? MAX_THREADS : threads;
     if (work < MIN_PARALLEL_WORK) threads = 1;
@@ -435,5 +572,6 @@ int mtplx_attend(const float *q, const float *keys, const float *values, const i
         pthread_join(helpers[t], &result);
         failed = failed ? failed : result;
     }
+    free(starts);
     return failed ? -3 : 0;
 }

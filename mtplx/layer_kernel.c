@@ -34,6 +34,8 @@
 
 extern int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scales,
                      const void *biases, int half, int N, int bits, int group, float *y);
+extern void mtplx_parallel_rows(void (*fn)(void *ctx, int lo, int hi), void *ctx, int rows,
+                                int grain);
 extern int mtplx_qmm_int8(const float *x, int M, int K, const uint32_t *w, const void *scales,
                           const void *biases, int half, int N, int bits, int group, float *y);
 
@@ -230,6 +232,78 @@ static inline void rope(const float *src, const float *c, const float *s, int d,
     for (int j = dims; j < d; j++) dst[j] = src[j];
 }
 
+/* -- the row-wise steps of a call, split over rows (quant_kernel.c's pool) ------------------
+ * A prompt chunk's hundreds of rows would otherwise run on one thread between products while
+ * the others wait. Each row is computed on its own, so the split changes no bit. */
+
+/* Rows a chunk takes: about 16K elements of rows of `width` floats. */
+static int grain(int width) { return width >= (1 << 14) ? 1 : (1 << 14) / width; }
+
+typedef struct {
+    const float *x, *w, *add;
+    float eps;
+    int H;
+    float *sum, *out;
+} norm_t;
+
+static void norm_some(void *ctx, int lo, int hi) {
+    const norm_t *a = ctx;
+    const long at = (long)lo * a->H;
+    rms_norm(a->x + at, a->w, a->eps, hi - lo, a->H, a->out + at);
+}
+
+/* out = rms_norm(x) * w over n rows. */
+static void rms_norm_rows(const float *x, const float *w, float eps, int n, int H, float *out) {
+    norm_t a = {x, w, NULL, eps, H, NULL, out};
+    mtplx_parallel_rows(norm_some, &a, n, grain(H));
+}
+
+static void add_some(void *ctx, int lo, int hi) {
+    const norm_t *a = ctx;
+    for (long e = (long)lo * a->H; e < (long)hi * a->H; e++) a->sum[e] = a->x[e] + a->add[e];
+}
+
+/* sum = x + add, n rows of H (sum may be add). */
+static void add_rows(const float *x, const float *add, int n, int H, float *sum) {
+    norm_t a = {x, NULL, add, 0.0f, H, sum, NULL};
+    mtplx_parallel_rows(add_some, &a, n, grain(H));
+}
+
+typedef struct {
+    const float *gate_up;
+    int I;
+    float *out;
+} swiglu_t;
+
+static void swiglu_some(void *ctx, int lo, int hi) {
+    const swiglu_t *a = ctx;
+    swiglu(a->gate_up + (long)lo * 2 * a->I, hi - lo, a->I, a->out + (long)lo * a->I);
+}
+
+typedef struct {
+    const float *y, *cos, *sin;
+    int width, heads, kv, d, dims, rope_rows;
+    float *q, *k, *v;
+} rope_t;
+
+/* The first half's rows lo..hi: RoPE on q and k, v copied (see mtplx_layer_before). */
+static void rope_some(void *ctx, int lo, int hi) {
+    const rope_t *a = ctx;
+    const int d = a->d, half = a->dims / 2;
+    for (int i = lo; i < hi; i++) {
+        const float *row = a->y + (long)i * a->width;
+        const long at = a->rope_rows == 1 ? 0 : (long)i * half;
+        for (int head = 0; head < a->heads; head++)
+            rope(row + (long)head * d, a->cos + at, a->sin + at, d, a->dims,
+                 a->q + ((long)i * a->heads + head) * d);
+        for (int head = 0; head < a->kv; head++)
+            rope(row + (long)(a->heads + head) * d, a->cos + at, a->sin + at, d, a->dims,
+                 a->k + ((long)i * a->kv + head) * d);
+        memcpy(a->v + (long)i * a->kv * d, row + (long)(a->heads + a->kv) * d,
+               sizeof(float) * a->kv * d);
+    }
+}
+
 /* The first half: x [n, H] -> q [n, heads, d], k [n, kv, d], v [n, kv, d] (q, k roped).
  * cos, sin: [rope_rows, dims / 2], one row per token (rope_rows == n) or one for all (1).
  * Returns 0, -1 for arguments the products do not take, -3 when memory runs out. */
@@ -237,23 +311,16 @@ int mtplx_layer_before(const float *x, int n, int H, const float *norm, float ep
                        const mtplx_qweight *qkv, int heads, int kv, int d, int dims,
                        const float *cos, const float *sin, int rope_rows, float *q, float *k,
                        float *v) {
-    const int width = qkv->N, half = dims / 2;
+    const int width = qkv->N;
     if (qkv->K != H || width != (heads + 2 * kv) * d || dims > d || dims % 2) return -1;
     float *h = scratch(sizeof(float) * ((size_t)n * H + (size_t)n * width));
     if (h == NULL) return -3;
     float *y = h + (size_t)n * H;
-    rms_norm(x, norm, eps, n, H, h);
+    rms_norm_rows(x, norm, eps, n, H, h);
     int status = product(h, n, qkv, y);
-    for (int i = 0; status == 0 && i < n; i++) {
-        const float *row = y + (long)i * width;
-        const long at = rope_rows == 1 ? 0 : (long)i * half;
-        for (int head = 0; head < heads; head++)
-            rope(row + (long)head * d, cos + at, sin + at, d, dims,
-                 q + ((long)i * heads + head) * d);
-        for (int head = 0; head < kv; head++)
-            rope(row + (long)(heads + head) * d, cos + at, sin + at, d, dims,
-                 k + ((long)i * kv + head) * d);
-        memcpy(v + (long)i * kv * d, row + (long)(heads + kv) * d, sizeof(float) * kv * d);
+    if (status == 0) {
+        rope_t a = {y, cos, sin, width, heads, kv, d, dims, rope_rows, q, k, v};
+        mtplx_parallel_rows(rope_some, &a, n, grain(width));
     }
     release(h);
     return status;
@@ -272,16 +339,16 @@ int mtplx_layer_after(const float *x, const float *attended, int n, int H,
     float *h = x1 + rows * H, *gu = h + rows * H, *g = gu + rows * 2 * I;
     int status = product(attended, n, o_proj, x1);
     if (status == 0) {
-        for (size_t e = 0; e < rows * H; e++) x1[e] = x[e] + x1[e];
-        rms_norm(x1, norm, eps, n, H, h);
+        add_rows(x, x1, n, H, x1);
+        rms_norm_rows(x1, norm, eps, n, H, h);
         status = product(h, n, gate_up, gu);
     }
     if (status == 0) {
-        swiglu(gu, n, I, g);
+        swiglu_t a = {gu, I, g};
+        mtplx_parallel_rows(swiglu_some, &a, n, grain(3 * I));
         status = product(g, n, down, out);
     }
-    if (status == 0)
-        for (size_t e = 0; e < rows * H; e++) out[e] = x1[e] + out[e];
+    if (status == 0) add_rows(x1, out, n, H, out);
     release(x1);
     return status;
 }

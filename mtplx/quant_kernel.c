@@ -29,7 +29,8 @@
  * Speed: a column's weights are unpacked once per call. Up to TILE_ROWS rows they are
  * unpacked in registers and applied to every row at once; beyond, a tile of columns is
  * unpacked to a small scratch panel that stays in L1 while all row tiles pass over it.
- * Columns are split between the calling thread and helpers in chunks of CHUNK_COLS.
+ * Columns are split between the calling thread and helpers in chunks of CHUNK_COLS (a
+ * prompt chunk's last one in halves when the chunks do not divide between the threads).
  */
 #include <pthread.h>
 #include <sched.h>
@@ -378,11 +379,19 @@ static void columns(const qmm_t *p, int n0, int n1) {
  * projection of a small model, splitting shortens the step (at the price of the spins:
  * where other work shares the cores, MTPLX_QUANT_THREADS=1 keeps every product on one). */
 enum { MAX_THREADS = 8, SPIN_ROUNDS = 4000, CHUNK_COLS = 64, MIN_PARALLEL_WORK = 1 << 18 };
-enum { WAIT_SPINS = 256 }; /* the caller's spins on a helper's last chunk before yielding */
+enum { WAIT_SPINS = 256, HALF_COLS = CHUNK_COLS / 2 }; /* the caller's spins on a helper's last chunk before yielding */
 
 static int threads_wanted = 1;
 static int num_helpers = 0;
 static qmm_t shared;
+/* The call's work when it is not a product (mtplx_parallel_rows): rows in chunks of
+ * shared_grain, each handed to shared_fn. */
+static void (*shared_fn)(void *ctx, int lo, int hi);
+static void *shared_ctx;
+static int shared_grain, shared_rows;
+/* A product's chunks: the first shared_whole are CHUNK_COLS wide, the rest half that (a
+ * prompt chunk's last columns in halves, so the threads finish together). */
+static int shared_whole;
 static atomic_ulong ticket; /* serial << 32 | chunks << 16 | next chunk */
 static atomic_int busy_helpers;
 static atomic_ulong split_calls;
@@ -406,8 +415,15 @@ static void take_chunks(void) {
         if (!atomic_compare_exchange_weak_explicit(&ticket, &t, t + 1, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue;
-        int n0 = (int)next * CHUNK_COLS, n1 = n0 + CHUNK_COLS;
-        columns(&shared, n0, n1 < shared.N ? n1 : shared.N);
+        if (shared_fn) {
+            const int lo = (int)next * shared_grain, hi = lo + shared_grain;
+            shared_fn(shared_ctx, lo, hi < shared_rows ? hi : shared_rows);
+        } else {
+            const int whole = shared_whole, i = (int)next;
+            const int n0 = i < whole ? i * CHUNK_COLS : whole * CHUNK_COLS + (i - whole) * HALF_COLS;
+            const int n1 = n0 + (i < whole ? CHUNK_COLS : HALF_COLS);
+            columns(&shared, n0, n1 < shared.N ? n1 : shared.N);
+        }
         t = atomic_load_explicit(&ticket, memory_order_acquire);
     }
 }
@@ -455,17 +471,11 @@ static void start_helpers(void) {
     }
 }
 
-static void run(const qmm_t *p) {
-    const long work = (long)p->N * p->K * p->M;
-    const long chunks = ((long)p->N + CHUNK_COLS - 1) / CHUNK_COLS;
-    if (threads_wanted <= 1 || work < MIN_PARALLEL_WORK || chunks < 2 || chunks > 0xffff ||
-        pthread_mutex_trylock(&call_lock) != 0) {
-        columns(p, 0, p->N);
-        return;
-    }
+/* Hands `chunks` chunks of the call set up in shared / shared_fn to the helpers and takes
+ * its own share; returns once every chunk is done. The caller holds call_lock. */
+static void split(long chunks) {
     start_helpers();
     atomic_fetch_add_explicit(&split_calls, 1, memory_order_relaxed);
-    shared = *p;
     unsigned long serial = (atomic_load(&ticket) >> 32) + 1;
     pthread_mutex_lock(&wake_lock);
     atomic_store_explicit(&ticket, (serial << 32) | ((unsigned long)chunks << 16),
@@ -483,6 +493,50 @@ static void run(const qmm_t *p) {
     pthread_mutex_unlock(&call_lock);
 }
 
+static void run(const qmm_t *p) {
+    const long work = (long)p->N * p->K * p->M;
+    long chunks = ((long)p->N + CHUNK_COLS - 1) / CHUNK_COLS;
+    if (threads_wanted <= 1 || work < MIN_PARALLEL_WORK || chunks < 2 || chunks > 0xffff ||
+        pthread_mutex_trylock(&call_lock) != 0) {
+        columns(p, 0, p->N);
+        return;
+    }
+    shared = *p;
+    shared_fn = NULL;
+    shared_whole = (int)chunks;
+    /* Many rows (a prompt chunk): a chunk takes long, and chunks that do not divide between
+     * the threads leave all but one waiting for the last (9 chunks on 2 threads: 5 against
+     * 4). The last whole chunk then goes in halves, the columns' work unchanged. */
+    if (p->M > TILE_ROWS && chunks % threads_wanted != 0) {
+        shared_whole = (int)chunks - 1;
+        chunks = shared_whole + ((long)p->N - (long)shared_whole * CHUNK_COLS + HALF_COLS - 1) /
+                                    HALF_COLS;
+    }
+    split(chunks);
+}
+
+/* fn(ctx, lo, hi) over rows [0, rows) in chunks of `grain` rows, split between the calling
+ * thread and the product's helpers (the same pool, the same thread setting), or all on the
+ * calling thread when there is one chunk, one thread, or another split is running. For
+ * row-wise steps around the products (norms, RoPE, activations, the rows' reordering and
+ * quantization): a prompt chunk's hundreds of rows would otherwise leave the helpers
+ * waiting. fn must compute each row on its own, so the split changes no bit. */
+void mtplx_parallel_rows(void (*fn)(void *ctx, int lo, int hi), void *ctx, int rows, int grain) {
+    grain = grain < 1 ? 1 : grain;
+    const long chunks = ((long)rows + grain - 1) / grain;
+    if (rows <= 0) return;
+    if (threads_wanted <= 1 || chunks < 2 || chunks > 0xffff ||
+        pthread_mutex_trylock(&call_lock) != 0) {
+        fn(ctx, 0, rows);
+        return;
+    }
+    shared_fn = fn;
+    shared_ctx = ctx;
+    shared_grain = grain;
+    shared_rows = rows;
+    split(chunks);
+}
+
 /* How many threads (the caller included, at most MAX_THREADS) may split a product. */
 void mtplx_qmm_set_threads(int threads) {
     threads_wanted = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
@@ -492,6 +546,31 @@ int mtplx_qmm_threads(void) { return threads_wanted; }
 
 /* Products computed by more than one thread so far (lets tests see the split happen). */
 unsigned long mtplx_qmm_split_calls(void) { return atomic_load(&split_calls); }
+
+/* Rows a chunk of mtplx_parallel_rows takes for row-wise work on rows of K floats: about
+ * 16K elements (a chunk's work well above the handshake's cost). */
+static int rows_grain(int K) { return K >= (1 << 14) ? 1 : (1 << 14) / K; }
+
+typedef struct {
+    const float *x;
+    float *xp;
+    int K;
+} reorder_t;
+
+/* Rows lo..hi of x in chunk lane order (see mtplx_qmm). */
+static void reorder_rows(void *ctx, int lo, int hi) {
+    const reorder_t *r = ctx;
+    const int K = r->K;
+    for (int m = lo; m < hi; m++) {
+        const float *xr = r->x + (long)m * K;
+        float *out = r->xp + (long)m * K;
+        for (int k = 0; k < K; k += SPAN)
+            for (int l = 0; l < W; l++) {
+                out[k + l] = xr[k + 2 * l];
+                out[k + W + l] = xr[k + 2 * l + 1];
+            }
+    }
+}
 
 /* y[M, N] = x[M, K] @ dequantize(w, scales, biases)^T, scales and biases float32, or
  * float16 when half is nonzero. Returns 0, or -1 for arguments the
@@ -506,15 +585,8 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scale
     float *xp = NULL;
     if (bits == 4) { /* x in chunk lane order: even elements, then odd ones */
         xp = malloc(sizeof(float) * (size_t)M * K + 64);
-        for (int m = 0; m < M; m++) {
-            const float *xr = x + (long)m * K;
-            float *out = xp + (long)m * K;
-            for (int k = 0; k < K; k += SPAN)
-                for (int l = 0; l < W; l++) {
-                    out[k + l] = xr[k + 2 * l];
-                    out[k + W + l] = xr[k + 2 * l + 1];
-                }
-        }
+        reorder_t r = {x, xp, K};
+        mtplx_parallel_rows(reorder_rows, &r, M, rows_grain(K));
     }
     qmm_t p = {.x = xp ? xp : x, .w = (const uint8_t *)w, .scales = scales, .biases = biases,
                .y = y, .M = M, .N = N, .K = K, .G = G, .bits = bits, .group = group,
@@ -648,25 +720,66 @@ static void quantize_rows(const float *x, int M, int K, int group, int bits, int
             const float *xg = xr + (long)g * group;
             float amax = 0.0f;
             int finite = 1, sum = 0;
+#if defined(__AVX512F__)
+            /* The same operations 16 lanes at a time: max(a, most) keeps most where a is
+             * NaN, as the scalar comparison does; a max is exact in any order. */
+            __m512 most = _mm512_setzero_ps();
+            for (int i = 0; i < group; i += 16) {
+                const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xg + i));
+                most = _mm512_max_ps(a, most);
+                finite &= _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.40282347e38f), _CMP_LE_OQ) ==
+                          0xffff;
+            }
+            amax = _mm512_reduce_max_ps(most);
+#else
             for (int i = 0; i < group; i++) {
                 const float a = __builtin_fabsf(xg[i]);
                 amax = a > amax ? a : amax;
                 finite &= a <= 3.40282347e38f; /* false for inf and NaN */
             }
+#endif
             float dg = amax / 127.0f;
             if (!finite) {
                 /* A NaN or infinity reaches the outputs as NaN (as in a float product),
                  * not as whatever an 8-bit rounding of it would be. */
                 dg = __builtin_nanf("");
             } else if (dg > 0.0f) {
+                int qs[128]; /* group <= 128 */
+                int stored = 0; /* by the pairs path below, else element by element */
+#if defined(__AVX512F__)
+                /* x / d rounded to the nearest integer, ties to even (rintf in the default
+                 * rounding mode), clamped: IEEE operations, the scalar's bits. */
+                const __m512 dv = _mm512_set1_ps(dg), top = _mm512_set1_ps(127.0f);
+                for (int i = 0; i < group; i += 16) {
+                    __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(xg + i), dv),
+                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    v = _mm512_max_ps(_mm512_min_ps(v, top), _mm512_set1_ps(-127.0f));
+                    _mm512_storeu_si512(qs + i, _mm512_cvtps_epi32(v));
+                }
+#else
                 for (int i = 0; i < group; i++) {
                     float v = __builtin_rintf(xg[i] / dg);
                     v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
-                    const int q = (int)v;
-                    const long k = (long)g * group + i;
-                    out[bits == 4 ? x8_position(k) : k] = (int8_t)q;
-                    sum += q;
+                    qs[i] = (int)v;
                 }
+#endif
+                for (int i = 0; i < group; i++) sum += qs[i];
+                const long k0 = (long)g * group;
+#if XCHUNK
+                if (bits == 4 && group <= XCHUNK && XCHUNK % group == 0) {
+                    /* The group lies in one XCHUNK: its even elements go to consecutive
+                     * places from x8_position(k0), its odd ones from XCHUNK / 2 further. */
+                    int8_t *even = out + x8_position(k0), *odd = even + XCHUNK / 2;
+                    for (int j = 0; j < group / 2; j++) {
+                        even[j] = (int8_t)qs[2 * j];
+                        odd[j] = (int8_t)qs[2 * j + 1];
+                    }
+                    stored = 1;
+                }
+#endif
+                if (!stored)
+                    for (int i = 0; i < group; i++)
+                        out[bits == 4 ? x8_position(k0 + i) : k0 + i] = (int8_t)qs[i];
             } else {
                 dg = 0.0f;
             }
@@ -997,6 +1110,21 @@ static void columns_int8(const qmm_t *p, int n0, int n1) {
     }
 }
 
+typedef struct {
+    const float *x;
+    int K, group, bits, KP, T, GB;
+    int8_t *x8;
+    float *dx, *xs;
+} quantize_t;
+
+/* quantize_rows over rows lo..hi (each row on its own: the same bits however split). */
+static void quantize_some(void *ctx, int lo, int hi) {
+    const quantize_t *q = ctx;
+    quantize_rows(q->x + (long)lo * q->K, hi - lo, q->K, q->group, q->bits, q->KP, q->T, q->GB,
+                  q->x8 + (long)lo * q->KP, q->dx + (long)lo * q->T * 16,
+                  q->xs + (long)lo * q->GB);
+}
+
 /* mtplx_qmm's arguments, the integer-dot mode: x quantized to 8 bits per group and
  * integer dot products (see above). Returns 0, or -1 as mtplx_qmm does. */
 int mtplx_qmm_int8(const float *x, int M, int K, const uint32_t *w, const void *scales,
@@ -1010,7 +1138,8 @@ int mtplx_qmm_int8(const float *x, int M, int K, const uint32_t *w, const void *
     int8_t *x8 = aligned_alloc(64, ((size_t)M * KP + 63) / 64 * 64);
     float *dx = aligned_alloc(64, sizeof(float) * ((size_t)M * T * 16 + (size_t)M * GB));
     float *xs = dx + (long)M * T * 16;
-    quantize_rows(x, M, K, group, bits, KP, T, GB, x8, dx, xs);
+    quantize_t qr = {x, K, group, bits, KP, T, GB, x8, dx, xs};
+    mtplx_parallel_rows(quantize_some, &qr, M, rows_grain(K));
     qmm_t p = {.x = x, .w = (const uint8_t *)w, .scales = scales, .biases = biases, .y = y,
                .M = M, .N = N, .K = K, .G = G, .bits = bits, .group = group,
                .half = half != 0, .int8 = 1, .x8 = x8, .dx = dx, .xs = xs, .KP = KP, .T = T,

@@ -130,6 +130,63 @@ def test_keys_past_a_tokens_count_never_change_its_bits() -> None:
     assert np.array_equal(before, after)
 
 
+def _bits(a: np.ndarray) -> np.ndarray:
+    """The float32 bits (np.array_equal would call -0.0 and 0.0 equal)."""
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize(("heads", "kv"), [(9, 3), (5, 1), (16, 1), (4, 4), (8, 2)])
+def test_a_prompts_tokens_give_their_bits_alone_in_any_block(heads: int, kv: int) -> None:
+    """Consecutive tokens of one slot (a prompt chunk: the kernel gathers them in blocks that
+    share each key and value load) against each token alone, bit for bit, for kv heads of
+    1 to 16 query heads, blocks cut anywhere (chunks of 1 to 13 tokens)."""
+    rng = np.random.default_rng(20 + heads)
+    keys = rng.standard_normal((2, kv, 200, DIM)).astype(np.float32)
+    values = rng.standard_normal((2, kv, 200, DIM + 1)).astype(np.float32)
+    q = rng.standard_normal((60, heads, DIM)).astype(np.float32)
+    counts = np.arange(60, dtype=np.int32) + 101
+
+    def run(rows: slice) -> np.ndarray:
+        out = attention.attend(
+            mx.array(q[rows]),
+            mx.array(keys),
+            mx.array(values),
+            mx.array(np.ones(len(counts[rows]), np.int32)),
+            mx.array(counts[rows]),
+            0.125,
+        )
+        return np.array(out).reshape(-1, heads, DIM)
+
+    whole = run(slice(None))
+    alone = np.concatenate([run(slice(i, i + 1)) for i in range(60)])
+    assert np.array_equal(_bits(whole), _bits(alone))
+    for chunk in (2, 5, 13):
+        pieces = np.concatenate([run(slice(s, s + chunk)) for s in range(0, 60, chunk)])
+        assert np.array_equal(_bits(pieces), _bits(whole)), chunk
+    ref = np.zeros(whole.shape)
+    for i in range(60):
+        for h in range(heads):
+            k = keys[1, h // (heads // kv), : counts[i]].astype(np.float64)
+            v = values[1, h // (heads // kv), : counts[i], :DIM].astype(np.float64)
+            s = (q[i, h].astype(np.float64) * 0.125) @ k.T
+            p = np.exp(s - s.max())
+            ref[i, h] = p @ v / p.sum()
+    np.testing.assert_allclose(whole, ref, rtol=2e-5, atol=2e-6)
+
+
+def test_a_token_never_reads_the_keys_of_later_tokens_in_its_block() -> None:
+    """Tokens of one slot with counts 40 and 90 in one call (one block): what lies between
+    (the later token's keys: here NaN keys, infinite values) never reaches the first token."""
+    keys, values = _store(13)
+    q = _queries(14, 2)
+    alone = _attend(q[:1], keys, values, [2], [40], 0.125)
+    keys[2, :, 40:90] = np.nan
+    values[2, :, 40:90] = np.inf
+    both = _attend(q, keys, values, [2, 2], [40, 90], 0.125)
+    assert np.array_equal(_bits(both[0]), _bits(alone[0]))
+    assert np.isnan(both[1]).all()
+
+
 def test_the_thread_split_changes_no_bit() -> None:
     keys, values = _store(8)
     q = _queries(9, 256)
@@ -173,11 +230,14 @@ import mlx.core as mx, numpy as np
 from mtplx import attention, quant
 rng = np.random.default_rng(12)
 out = {"variant": quant.quant_info().variant, "lanes": attention.lanes()}
-for heads, kv, d in [(9, 3, 64), (8, 2, 72), (4, 4, 5)]:
+for heads, kv, d, prompt in [(9, 3, 64, False), (8, 2, 72, False), (4, 4, 5, False),
+                             (9, 3, 64, True), (5, 1, 128, True), (8, 2, 72, True)]:
     keys = rng.standard_normal((2, kv, 90, d)).astype(np.float32)
     values = rng.standard_normal((2, kv, 90, d + 1)).astype(np.float32)
     q = rng.standard_normal((40, heads, d)).astype(np.float32)
-    slots, counts = np.arange(40) % 2, np.arange(40) * 2 + 3
+    # prompt: the 40 tokens of one slot in a row (blocks of consecutive tokens)
+    slots = np.zeros(40, np.int64) + 1 if prompt else np.arange(40) % 2
+    counts = np.arange(40) + 45 if prompt else np.arange(40) * 2 + 3
     args = lambda i: (mx.array(q[i]), mx.array(keys), mx.array(values),
                       mx.array(slots[i].astype(np.int32)), mx.array(counts[i].astype(np.int32)))
     y = np.array(attention.attend(*args(slice(None)), 0.2)).reshape(40, heads, d)
@@ -191,7 +251,8 @@ for heads, kv, d in [(9, 3, 64), (8, 2, 72), (4, 4, 5)]:
             s = (q[i, h].astype(np.float64) * 0.2) @ k.T
             p = np.exp(s - s.max())
             ref[i, h] = p @ v / p.sum()
-    out[f"{heads}/{kv}/{d}"] = [bool((y == alone).all()), float(np.abs(y - ref).max())]
+    same = bool((y.view(np.uint32) == alone.view(np.uint32)).all())
+    out[f"{heads}/{kv}/{d}/{prompt}"] = [same, float(np.abs(y - ref).max())]
 print(json.dumps(out))
 """
 

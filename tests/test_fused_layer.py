@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.activations import swiglu as mlx_swiglu
 
-from mtplx import fused_layer
+from mtplx import fused_layer, quant
 from mtplx.models import load
 from mtplx.models.quantized import InvariantQuantizedLinear, weight_arrays, weight_of
 from mtplx.models.slot_target import SlotTarget
@@ -190,6 +190,70 @@ def test_halves_give_the_compiled_pieces_bits(model, tokens: int) -> None:
         )
         assert got_x.shape == want_x.shape
         assert np.array_equal(_bits(got_x), _bits(want_x))
+
+
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+def test_halves_split_over_rows_give_the_same_bits(
+    model, activations: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt chunk's rows: the halves' row-wise steps (norms, RoPE, SwiGLU, residuals, the
+    products' row reordering and 8-bit quantization) split over the product's threads give
+    the bits of one thread."""
+    if not _quantized(model):
+        assert not SlotTarget(model.target, max_rows=4, attention="kernel").fuses_layers
+        return
+    monkeypatch.setenv("MTPLX_ACTIVATIONS", activations)
+    target = SlotTarget(model.target, max_rows=4, attention="kernel")
+    compiled = target._compiled
+    assert compiled is not None
+    layer, fused = target.trunk.inner.layers[0], target._fused[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    tokens, hidden = 700, layer.input_layernorm.weight.shape[0]
+    rng = np.random.default_rng(7)
+    x = mx.array(rng.standard_normal((1, tokens, hidden)).astype(np.float32))
+    attended = mx.array(
+        rng.standard_normal((tokens, attn.n_heads * attn.head_dim)).astype(np.float32)
+    )
+    cos, sin = compiled.rope_tables(mx.arange(tokens, dtype=mx.int32))
+    norm, post = layer.input_layernorm, layer.post_attention_layernorm
+
+    def halves() -> list[np.ndarray]:
+        got = fused_layer.before(
+            x,
+            norm.weight,
+            fused.qkv,
+            cos,
+            sin,
+            attn.n_heads,
+            attn.n_kv_heads,
+            attn.head_dim,
+            attn.rope.dims,
+            norm.eps,
+        )
+        got_x = fused_layer.after(
+            x,
+            attended,
+            weight_of(attn.o_proj),
+            post.weight,
+            fused.gate_up,
+            weight_of(mlp.down_proj),
+            post.eps,
+        )
+        return [_bits(a) for a in (*got, got_x)]
+
+    extension = quant.load_extension()
+    before = extension.threads()
+    try:
+        quant.set_threads(1)
+        alone = halves()
+        quant.set_threads(3)
+        splits = extension.split_calls()
+        split = halves()
+        assert extension.split_calls() > splits
+    finally:
+        quant.set_threads(before)
+    for one, many in zip(alone, split, strict=True):
+        assert np.array_equal(one, many)
 
 
 # -- forwards ---------------------------------------------------------------------------------

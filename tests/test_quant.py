@@ -99,6 +99,34 @@ def test_bitwise_invariant_over_thread_counts() -> None:
     np.testing.assert_array_equal(by_rows[1], by_rows[9][:1])
 
 
+def test_a_prompt_chunks_last_columns_in_halves_keep_the_bits() -> None:
+    """Many rows over 9 column chunks (an o_proj of 576 columns): on 2 threads the last chunk
+    goes in halves; every thread count gives the bits of one thread and of each row alone."""
+    rng = np.random.default_rng(5)
+    packed, scales, biases = _weights(rng, 576, 256, 4, 32)
+    x = rng.standard_normal((40, 256)).astype(np.float32)
+    ext = quant.load_extension()
+    before = ext.threads()
+    try:
+        results = []
+        for threads in (1, 2, 3, 4):
+            quant.set_threads(threads)
+            results.append(np.array(quant.qmm(mx.array(x), packed, scales, biases, 4, 32)))
+            results.append(_int8(x, packed, scales, biases, 4, 32))
+        quant.set_threads(1)
+        alone = np.concatenate(
+            [np.array(quant.qmm(mx.array(x[i : i + 1]), packed, scales, biases, 4, 32))
+             for i in range(40)]
+        )  # fmt: skip
+    finally:
+        quant.set_threads(before)
+    for y in results[2::2]:
+        np.testing.assert_array_equal(y, results[0])
+    for y in results[3::2]:
+        np.testing.assert_array_equal(y, results[1])
+    np.testing.assert_array_equal(results[0], alone)
+
+
 def test_lazy_graph_compile_and_leading_dims() -> None:
     """The product is an MLX primitive: it composes with other ops and mx.compile, takes
     leading batch dimensions and non-contiguous inputs, and gives the same bits."""

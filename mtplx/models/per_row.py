@@ -87,8 +87,8 @@ class PerRowTarget:
         # or a recurrent ArraysCache (whose state is rebound, never written into).
         self.saves_blocks = all(type(layer).__name__ in _BLOCK_CACHES for layer in cache)
 
-    def new_row(self) -> CacheRow:
-        """A row with fresh cache objects."""
+    def new_row(self, expected_length: int = 0) -> CacheRow:
+        """A row with fresh cache objects (caches grow as they go: no use for the hint)."""
         row = CacheRow(self.target.make_cache())
         self._live.append(row)
         return row

@@ -44,8 +44,10 @@ class BatchedTarget(Protocol[RowT]):
     hidden_size: int
     recurrent: bool  # rows hold state that ``trim`` cannot drop (use checkpoint/rollback)
 
-    def new_row(self) -> RowT:
-        """An empty row (no committed positions)."""
+    def new_row(self, expected_length: int = 0) -> RowT:
+        """An empty row (no committed positions). ``expected_length``: the positions it is
+        expected to reach (its prompt's; 0 when unknown), a hint for where to keep its state
+        from the start, never a limit."""
         ...
 
     def release(self, row: RowT) -> None:

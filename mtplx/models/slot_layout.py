@@ -53,6 +53,9 @@ class SlotRow:
     unsettled: list[mx.array] = field(default_factory=list)  # [] int32 lazy trims, oldest first
     # Its KV lives in a store of its own (past ``shared_capacity``): it attends alone.
     private: bool = False
+    # The positions it is expected to reach (its prompt's; 0: unknown): a row known to be
+    # long starts in a store of its own, sized for them (no shared-store detour, no regrowth).
+    expected: int = 0
 
     def shift(self) -> mx.array | None:
         """[] int32 (lazy): the unsettled positions, None when there are none."""

@@ -3,8 +3,9 @@ and hidden states (``mtplx.models.kv_store``), and blocks of a row's positions s
 prefix cache.
 
 Every row is a slot of the shared store while it fits in ``shared_capacity`` positions;
-a longer row moves to a store of its own (its KV so far copied over), so memory follows
-what runs, not the longest row times the slot count. Rejected draft tokens are dropped by
+a longer row moves to a store of its own (its KV so far copied over), or starts there when
+its prompt is known to outgrow the shared store (``new_row(expected_length)``), so memory
+follows what runs, not the longest row times the slot count. Rejected draft tokens are dropped by
 shortening a row (``trim``, ``rollback``) or lazily (``trim_lazily``: the count is an array
 still computing, applied by ``settle``).
 """
@@ -89,12 +90,13 @@ class SlotStores:
 
     # -- rows ---------------------------------------------------------------------------
 
-    def new_row(self) -> SlotRow:
-        """The lowest free slot (so the slots in use stay dense at the front)."""
+    def new_row(self, expected_length: int = 0) -> SlotRow:
+        """The lowest free slot (so the slots in use stay dense at the front); a row expected
+        to outgrow the shared store starts in a store of its own at its first forward."""
         if not self._free:
             raise RuntimeError(f"all {self.max_rows} slots are in use")
         self._free.sort()
-        row = SlotRow(self._free.pop(0))
+        row = SlotRow(self._free.pop(0), expected=max(0, expected_length))
         self._live[row.slot] = row
         return row
 
@@ -217,8 +219,11 @@ class SlotStores:
         ``shared_capacity`` moves to a store of its own (its KV so far copied over), which then
         grows with it by a quarter of its length at a time."""
         # The shared store holds its rows' ends plus a forward's padding (at most
-        # max_prefill_tokens): a row goes once that could take it past shared_capacity.
-        if not row.private and needed + self.max_prefill_tokens > self.shared_capacity:
+        # max_prefill_tokens): a row goes once that could take it past shared_capacity, or
+        # before its first forward when its prompt will (copying a long prompt's KV out of
+        # the shared store and regrowing its own store cost a prefill page faults and copies).
+        needed_soon = max(needed, row.expected)
+        if not row.private and needed_soon + self.max_prefill_tokens > self.shared_capacity:
             row.private = True
         if not row.private:
             # A pipeline stage mirrors rows: a slot it held a long row in now holds a short one.
@@ -228,7 +233,7 @@ class SlotStores:
         store = self._private.get(row.slot)
         if store is None:
             store = self._private[row.slot] = self._new_store(1)
-            store.ensure(needed)
+            store.ensure(needed_soon)
             if row.slot < self._shared.num_slots:
                 held = min(row.length, self._shared.capacity)
                 store.copy_slot(self._shared, row.slot, 0, held)

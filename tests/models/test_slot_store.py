@@ -85,6 +85,32 @@ def test_a_long_row_moves_to_a_store_of_its_own_with_the_same_bits(model) -> Non
     assert not split._private
 
 
+def test_a_row_announced_long_starts_in_a_store_of_its_own(model) -> None:
+    """A row whose prompt will outgrow the shared store (``new_row(expected_length)``) takes
+    a store of its own at its first forward, sized for the prompt: the shared store is never
+    allocated for it and its own store never regrows during the prompt; every output is the
+    same bits as an unannounced row's in a store shared by all."""
+    shared = SlotTarget(model.target, max_rows=4, keep_hidden=True)
+    announced = SlotTarget(model.target, max_rows=4, keep_hidden=True)
+    announced.shared_capacity = 256
+    rows = [shared.new_row(), announced.new_row(expected_length=300)]
+    long_prompt = prompt(5, 300)
+    stores = set()
+    for fed in [*range(0, 300, 64), 300]:  # the prompt in chunks, then a decode step
+        chunk = long_prompt[fed : fed + 64] if fed < 300 else mx.array([7], mx.int32)
+        outputs = [t.forward([r], [chunk]) for t, r in zip((shared, announced), rows, strict=True)]
+        mx.eval([(o[0].logits, o[0].hidden) for o in outputs])
+        assert mx.array_equal(outputs[0][0].logits, outputs[1][0].logits).item(), fed
+        assert mx.array_equal(outputs[0][0].hidden, outputs[1][0].hidden).item(), fed
+        own = announced._private[rows[1].slot]
+        stores.add(id(own))
+        assert rows[1].private and own.capacity == 512 and own.num_slots == 1
+        assert not announced._shared.layers  # nothing of the long row went through it
+    assert len(stores) == 1
+    announced.release(rows[1])
+    assert not announced._private
+
+
 def test_the_shared_store_grows_its_slots_with_the_rows_in_use(model) -> None:
     """One row holds one step of slots, not max_rows of them; a row that takes a higher slot
     grows the store without changing a bit of the rows already in it; an idle store goes
