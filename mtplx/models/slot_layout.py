@@ -130,19 +130,12 @@ def build_group(
         offsets = offsets - shifts
         write_to = write_to - mx.repeat(shifts, kv_heads * max_tokens)
     key_length = max(lengths) + max_tokens
-    query_end = offsets[:, None] + mx.arange(max_tokens)[None, :]  # [R, T]
-    mask = mx.arange(key_length)[None, None, :] <= query_end[:, :, None]  # [R, T, L]
-    # What the attention kind reads (None otherwise): the fused kernel's per-token slots
-    # and key counts, the compiled attention's mask.
-    visible: mx.array | None = None
+    span = min(-(-key_length // ATTEND_STEP) * ATTEND_STEP, store.capacity)
+    mask, visible = _masks(offsets, max_tokens, key_length, span, visible_up_to, kernel)
     token_slots: mx.array | None = None
     counts_seen: mx.array | None = None
-    span = min(-(-key_length // ATTEND_STEP) * ATTEND_STEP, store.capacity)
     if kernel:
         token_slots, counts_seen = _kernel_inputs(rows, counts, first, store_first, offsets)
-    elif max_tokens <= visible_up_to:
-        visible = mx.arange(span)[None, None, :] <= query_end[:, :, None]
-        visible = visible[:, None, None]  # [R, 1, 1, T, S]
     dense = len(to_padded) == position - start and to_padded == list(range(start, position))
     return SlotGroup(
         first_slot=first,
@@ -164,6 +157,26 @@ def build_group(
         slots=token_slots,
         counts=counts_seen,
     )
+
+
+def _masks(
+    offsets: mx.array,
+    max_tokens: int,
+    key_length: int,
+    span: int,
+    visible_up_to: int,
+    kernel: bool,
+) -> tuple[mx.array, mx.array | None]:
+    """A group's attention masks from its slots' ``offsets`` ([R] int32): key j visible to
+    query t of row r ([R, T, L] bool), and the compiled attention's mask over the first
+    ``span`` keys ([R, 1, 1, T, S] bool; None when the fused kernel runs the attention or a
+    row feeds more than ``visible_up_to`` tokens)."""
+    query_end = offsets[:, None] + mx.arange(max_tokens)[None, :]  # [R, T]
+    mask = mx.arange(key_length)[None, None, :] <= query_end[:, :, None]  # [R, T, L]
+    if kernel or max_tokens > visible_up_to:
+        return mask, None
+    visible = mx.arange(span)[None, None, :] <= query_end[:, :, None]
+    return mask, visible[:, None, None]
 
 
 def _token_maps(
