@@ -176,6 +176,35 @@ def test_packed_rows_are_bitwise_mlx_lm_layer(model: LoadedModel) -> None:
             np.testing.assert_array_equal(_bits(hidden), _bits(want_hidden), str(row))
 
 
+@pytest.mark.parametrize("num_rows", [1, NUM_ROWS])
+def test_logits_at_a_position_are_that_positions_bits(model: LoadedModel, num_rows: int) -> None:
+    """``forward_rows`` asked for one position a row (lazy indices) projects those alone:
+    each row's logits are bitwise that position's among all its positions' logits, its
+    hidden states and cache the same as without ``at``."""
+    head = _head(model)
+    every = [[LazyKVCache()] for _ in range(num_rows)]
+    only = [[LazyKVCache()] for _ in range(num_rows)]
+    for feed in range(3):
+        sizes = [1 + (row + feed) % 5 for row in range(num_rows)]
+        hidden = [_hidden(model, row, size, feed) for row, size in enumerate(sizes)]
+        tokens = [mx.array([_tokens(row, n, feed)], mx.int32) for row, n in enumerate(sizes)]
+        # lazy [1] int32 positions, as the drafter's last valid pair's index is
+        wanted = [(row * 7 + feed) % size for row, size in enumerate(sizes)]
+        at = [mx.array([w + 1], mx.int32) - 1 for w in wanted]
+        want = head.forward_rows(hidden, tokens, every)
+        got = head.forward_rows(hidden, tokens, only, at=at)
+        for row, ((want_logits, want_hidden), (logits, out)) in enumerate(
+            zip(want, got, strict=True)
+        ):
+            assert logits.shape == (1, 1, want_logits.shape[-1])
+            np.testing.assert_array_equal(
+                _bits(logits[0, 0]), _bits(want_logits[0, wanted[row]]), str(row)
+            )
+            np.testing.assert_array_equal(_bits(out), _bits(want_hidden), str(row))
+    for a, b in zip(every, only, strict=True):
+        np.testing.assert_array_equal(_bits(a[0].keys), _bits(b[0].keys))
+
+
 def _drafters(model: LoadedModel) -> list[MTPDrafter]:
     drafters = []
     for row in range(4):

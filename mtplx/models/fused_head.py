@@ -82,6 +82,8 @@ class FusedHead(NamedTuple):
     into: Callable[[mx.array, mx.array], mx.array]
     # x [1, N, H] -> (logits [1, N, V'] or None for the trunk's head, norm(x) [1, N, H])
     out: Callable[[mx.array], tuple[mx.array | None, mx.array]]
+    # (x [1, N, H], rows [R] int32) -> (logits [1, R, V'] of those rows or None, norm(x))
+    out_at: Callable[[mx.array, mx.array], tuple[mx.array | None, mx.array]]
     block: Any  # the head's mlx-lm llama layer (its norms' weights, attention settings)
 
     def layer(self, x: mx.array, sizes: list[int], caches: list[list[Any]]) -> mx.array:
@@ -136,9 +138,9 @@ def _fuse_head(module: NextNModule, index: int, trunk: Trunk) -> FusedHead | Non
         or not isinstance(down, QuantWeight)
     ):
         return None
-    into, out = _compiled_ends(module, trunk)
+    into, out, out_at = _compiled_ends(module, trunk)
     angles = RopeAngles(compiled.rope_tables)
-    return FusedHead(fused.qkv, o_proj, fused.gate_up, down, angles, into, out, layer)
+    return FusedHead(fused.qkv, o_proj, fused.gate_up, down, angles, into, out, out_at, layer)
 
 
 def _compiled_ends(
@@ -146,12 +148,15 @@ def _compiled_ends(
 ) -> tuple[
     Callable[[mx.array, mx.array], mx.array],
     Callable[[mx.array], tuple[mx.array | None, mx.array]],
+    Callable[[mx.array, mx.array], tuple[mx.array | None, mx.array]],
 ]:
     """The head step's ops before its layer (embedding lookup, the two norms, fc) and after it
-    (norm, the head's own LM head), compiled: the same ops in the same order (MLX's fusion of
-    elementwise ops changes no bits), a few graph nodes instead of ~60. The trunk's
-    embedding is read as the compiled function's constant; the head's weights are its
-    arguments."""
+    (norm, the head's own LM head: over every row, or over the rows asked for only),
+    compiled: the same ops in the same order (MLX's fusion of elementwise ops changes no
+    bits), a few graph nodes instead of ~60. The trunk's embedding is read as the compiled
+    function's constant; the head's weights are its arguments. The LM head's product is
+    batch-invariant, so projecting the rows asked for alone gives each the bits it has in
+    the projection of all of them."""
     norm_e, norm_h, norm = module.pre_fc_norm_embedding, module.pre_fc_norm_hidden, module.norm
     fc = weight_of(module.fc)
     head = weight_of(module.lm_head) if "lm_head" in module else None
@@ -173,8 +178,15 @@ def _compiled_ends(
         normed = mx.fast.rms_norm(x, w, norm.eps)
         return linear_kind(normed, head_arrays, head_kind), normed
 
+    def out_at(
+        x: mx.array, rows: mx.array, w: mx.array, head_arrays: Any
+    ) -> tuple[mx.array, mx.array]:
+        normed = mx.fast.rms_norm(x, w, norm.eps)
+        return linear_kind(mx.take(normed, rows, axis=1), head_arrays, head_kind), normed
+
     compiled_into = mx.compile(into)
     compiled_out = mx.compile(out)
+    compiled_out_at = mx.compile(out_at)
     compiled_norm = mx.compile(lambda x, w: mx.fast.rms_norm(x, w, norm.eps))
 
     def step_in(tokens: mx.array, hidden: mx.array) -> mx.array:
@@ -186,7 +198,13 @@ def _compiled_ends(
         logits, normed = compiled_out(x, norm.weight, weight_arrays(head))
         return logits, normed
 
-    return step_in, step_out
+    def step_out_at(x: mx.array, rows: mx.array) -> tuple[mx.array | None, mx.array]:
+        if head is None:
+            return None, compiled_norm(x, norm.weight)
+        logits, normed = compiled_out_at(x, rows, norm.weight, weight_arrays(head))
+        return logits, normed
+
+    return step_in, step_out, step_out_at
 
 
 def _attend_row(
