@@ -190,7 +190,7 @@ def test_logits_at_a_position_are_that_positions_bits(model: LoadedModel, num_ro
         tokens = [mx.array([_tokens(row, n, feed)], mx.int32) for row, n in enumerate(sizes)]
         # lazy [1] int32 positions, as the drafter's last valid pair's index is
         wanted = [(row * 7 + feed) % size for row, size in enumerate(sizes)]
-        at = [mx.array([w + 1], mx.int32) - 1 for w in wanted]
+        at = [mx.array(w + 1, mx.int32) - 1 for w in wanted]
         want = head.forward_rows(hidden, tokens, every)
         got = head.forward_rows(hidden, tokens, only, at=at)
         for row, ((want_logits, want_hidden), (logits, out)) in enumerate(
@@ -307,6 +307,7 @@ def test_rope_angles_from_the_tables_are_the_computed_ones(model: LoadedModel) -
     parts = _head(model).fused_parts()
     assert parts is not None
     angles = type(parts.angles)(parts.angles.tables)
+    ran = type(parts.angles)(parts.angles.tables)
     for start, size in [(0, 1), (5, 3), (1020, 9), (3000, 2), (4095, 1), (4090, 16)]:
         positions = mx.arange(start, start + size, dtype=mx.int32)
         cos, sin = angles.at(positions, start + size)
@@ -316,4 +317,8 @@ def test_rope_angles_from_the_tables_are_the_computed_ones(model: LoadedModel) -
         for i in range(size):
             alone_cos, _ = parts.angles.tables(positions[i : i + 1])
             np.testing.assert_array_equal(_bits(cos[i]), _bits(alone_cos.reshape(-1)))
-    assert angles.size == 5 * angles.GROWTH  # grown in steps to cover position 4105
+        # a run from a lazy start (a drafting cycle's offset) is the same slice of the tables
+        run_cos, run_sin = ran.run(mx.array(start + 1, mx.int32) - 1, size, start + size)
+        np.testing.assert_array_equal(_bits(run_cos), _bits(cos))
+        np.testing.assert_array_equal(_bits(run_sin), _bits(sin))
+    assert angles.size == ran.size == 5 * angles.GROWTH  # grown in steps to cover 4105

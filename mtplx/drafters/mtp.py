@@ -20,6 +20,7 @@ import mlx.core as mx
 from mtplx import cache as cache_ops
 from mtplx.drafters.base import Drafter, DraftSampler, OneSource
 from mtplx.models.base import LoadedModel, MTPHead
+from mtplx.models.base import position as at_position
 from mtplx.models.fused_head import fuse_head
 
 # Queued pairs past this many (a prompt's, at its first draft) reach the head's cache in
@@ -161,7 +162,7 @@ class MTPDrafter(OneSource):
 
     def _feed(self) -> tuple[mx.array, mx.array, mx.array | None, mx.array]:
         """Drop the previous cycle's speculative entries and take the queued pairs:
-        (hidden [1, n, H], tokens [1, n] int32, the last batch's valid count or None, [1]
+        (hidden [1, n, H], tokens [1, n] int32, the last batch's valid count or None, []
         int32 the last valid pair's index among the n, lazy where the count is)."""
         if self.checkpoint is not None:
             if self.commits_lazily:
@@ -177,9 +178,9 @@ class MTPDrafter(OneSource):
         self.pending_hidden, self.pending_tokens, self.pending_valid = [], [], None
         count = int(tokens_in.shape[1])
         if valid is None:
-            last = mx.array([count - 1], mx.int32)
+            last = mx.array(count - 1, mx.int32)
         else:  # the pairs past the valid ones of the last batch (fed last) do not hold
-            last = (valid + (count - 1 - self._last_size)).reshape(1)
+            last = valid + (count - 1 - self._last_size)
         return hidden_in, tokens_in, valid, last
 
     def _catch_up(self, hidden: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
@@ -206,15 +207,15 @@ class MTPDrafter(OneSource):
         last: mx.array,
     ) -> tuple[mx.array, mx.array]:
         """After the fed pairs' head step (out_logits [1, 1, V'] of the fed pair ``last``
-        [1], out_hidden [1, n, H]): the logits [V'] and hidden [1, 1, H] at the last pair
-        that holds; checkpoint the cache before the speculative entries."""
+        [] int32, out_hidden [1, n, H]): the logits [V'] and hidden [1, 1, H] at the last
+        pair that holds; checkpoint the cache before the speculative entries."""
         logits = out_logits.reshape(-1)  # [V']
         if valid is None:
             hidden = out_hidden[:, -1:]
         else:  # the pairs past the valid ones leave the cache; read the last valid one's
             self.cache[0].trim_lazily(self._last_size - valid)
             self.num_fed_unsettled += 1
-            hidden = mx.take(out_hidden, last, axis=1)  # [1, 1, H]
+            hidden = at_position(out_hidden, last)  # [1, 1, H]
         if self.commits_lazily:
             self.checkpoint = self.cache[0].checkpoint()
         else:

@@ -81,7 +81,7 @@ class MTPHead(Protocol):
         [1, T_i, V'], hidden [1, T_i, H]), bitwise what ``self(hidden[i], next_tokens[i],
         caches[i])`` returns (a head that cannot pack rows runs them one by one).
 
-        ``at``: per row a [1] int32 (lazy) position among its T_i whose logits alone are
+        ``at``: per row a [] int32 (lazy) position among its T_i whose logits alone are
         wanted; row i's logits are then [1, 1, V'], the bits of that position's in the
         logits of all (a head may project that position alone: ``logits_at`` otherwise)."""
         ...
@@ -125,9 +125,21 @@ def logits_at(
     if at is None:
         return outputs
     return [
-        (mx.take(logits, row_at, axis=1), hidden)
+        (position(logits, row_at), hidden)
         for (logits, hidden), row_at in zip(outputs, at, strict=True)
     ]
+
+
+def position(x: mx.array, at: mx.array) -> mx.array:
+    """x [1, T, ...] at position ``at`` ([] int32, lazy) -> [1, 1, ...]: one dynamic slice
+    (one graph node, where ``mx.take`` along axis 1 is four)."""
+    return mx.slice(x, at, axes=(1,), slice_size=(1, 1, *x.shape[2:]))
+
+
+def positions(x: mx.array, rows: mx.array) -> mx.array:
+    """x [1, N, ...] at ``rows`` (lazy): [R] int32 -> [1, R, ...]; [] int32 -> [1, 1, ...]
+    (``position``)."""
+    return position(x, rows) if rows.ndim == 0 else mx.take(x, rows, axis=1)
 
 
 # Rows of a head step: each row's hidden states [1, T_i, H], tokens [1, T_i] and cache.

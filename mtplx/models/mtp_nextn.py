@@ -28,7 +28,7 @@ from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attenti
 from mlx_lm.models.cache import KVCache
 
 from mtplx.lazy_cache import LazyKVCache
-from mtplx.models.base import forward_each, forward_packed, logits_at, pack_rows
+from mtplx.models.base import forward_each, forward_packed, logits_at, pack_rows, positions
 from mtplx.models.checkpoint import MTPTensors, text_config
 from mtplx.models.families import NATIVE_NEXTN, strip_nextn_prefix
 from mtplx.models.target import Trunk
@@ -182,13 +182,11 @@ class NextNHead:
         is batch-invariant: the bits that position has among all)."""
         starts = itertools.accumulate(sizes[:-1], initial=0)
         rows = (
-            at[0]
-            if len(at) == 1
-            else mx.concatenate([a + s for a, s in zip(at, starts, strict=True)])
-        )  # [R] int32: the wanted positions among the N packed ones
+            at[0] if len(at) == 1 else mx.stack([a + s for a, s in zip(at, starts, strict=True)])
+        )  # [] or [R] int32: the wanted positions among the N packed ones
         logits, out = fused.out_at(x, rows)
         if logits is None:  # the trunk's head (a tied embedding, or its own lm_head)
-            logits = self.trunk.lm_head(mx.take(out, rows, axis=1))
+            logits = self.trunk.lm_head(positions(out, rows))
         if len(sizes) == 1:
             return [(logits, out)]
         outputs = _split(out, out, sizes)

@@ -81,7 +81,7 @@ def _assert_logits_at(model: LoadedModel) -> None:
         hidden = [_hidden(model, row, size, feed) for row, size in enumerate(sizes)]
         tokens = [mx.array([_tokens(row, size, feed)], mx.int32) for row, size in enumerate(sizes)]
         wanted = [(3 * row + feed) % size for row, size in enumerate(sizes)]
-        at = [mx.array([w + 1], mx.int32) - 1 for w in wanted]  # lazy, as the drafter's
+        at = [mx.array(w + 1, mx.int32) - 1 for w in wanted]  # lazy, as the drafter's
         want = head.forward_rows(hidden, tokens, every)
         got = head.forward_rows(hidden, tokens, only, at=at)
         for row, ((want_logits, want_hidden), (logits, out)) in enumerate(
