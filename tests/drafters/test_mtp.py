@@ -167,6 +167,30 @@ def test_a_row_drafts_alone_what_it_drafts_among_sixteen(model: LoadedModel, see
                 drafter.commit(_tokens(row, 2, cycle), _hidden(model, row, 2, 10 + cycle))
 
 
+@pytest.mark.parametrize("valid", [1, 2, 3])
+def test_a_lazy_commit_drafts_what_its_valid_pairs_draft(model: LoadedModel, valid: int) -> None:
+    """Pairs committed lazily with ``valid`` of them holding (the count unread when the
+    next proposal feeds them) draft what committing those pairs alone drafts, bitwise:
+    the draft is read at the last valid pair, whichever it is."""
+    lazy, eager = _drafters(model)[:2], _drafters(model)[:2]
+    tokens, hidden = _tokens(0, 3, 1), _hidden(model, 0, 3, 30)
+    lazy[0].commit_lazy(mx.array(tokens, mx.int32), hidden, mx.array(valid + 1) - 1)
+    eager[0].commit(tokens[:valid], hidden[:, :valid])
+    for drafter in (lazy[1], eager[1]):  # the same rows fed first (2 pairs) for a fuller cache
+        drafter.commit(_tokens(1, 2, 1), _hidden(model, 1, 2, 31))
+    for drafters in (lazy, eager):
+        samplers = [_sampler(model, row, False, 2, 1) for row in range(2)]
+        drafts = drafters[0].propose_batch(drafters, [[0], [0]], [2, 2], samplers)
+        if drafters is lazy:
+            want = drafts
+    for (tokens_got, qs_got), (tokens_want, qs_want) in zip(drafts, want, strict=True):
+        np.testing.assert_array_equal(
+            np.array(mx.stack(tokens_got)), np.array(mx.stack(tokens_want))
+        )
+        for q, q_want in zip(qs_got, qs_want, strict=True):
+            np.testing.assert_array_equal(np.array(q), np.array(q_want))
+
+
 @pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
 def test_a_long_prompt_reaches_the_head_in_chunks(
     model: LoadedModel, seeded: bool, monkeypatch: pytest.MonkeyPatch
