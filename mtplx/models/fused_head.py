@@ -156,13 +156,10 @@ def _compiled_ends(
     (norm, the head's own LM head: over every row, or over the rows asked for only),
     compiled: the same ops in the same order (MLX's fusion of elementwise ops changes no
     bits), a few graph nodes instead of ~60. The trunk's embedding is read as the compiled
-    function's constant; the head's weights are its arguments. The LM head's product is
-    batch-invariant, so projecting the rows asked for alone gives each the bits it has in
-    the projection of all of them."""
-    norm_e, norm_h, norm = module.pre_fc_norm_embedding, module.pre_fc_norm_hidden, module.norm
+    function's constant; the head's weights are its arguments."""
+    norm_e, norm_h = module.pre_fc_norm_embedding, module.pre_fc_norm_hidden
     fc = weight_of(module.fc)
-    head = weight_of(module.lm_head) if "lm_head" in module else None
-    fc_kind, head_kind = weight_kind(fc), None if head is None else weight_kind(head)
+    fc_kind = weight_kind(fc)
 
     def into(
         tokens: mx.array, hidden: mx.array, w_e: mx.array, w_h: mx.array, fc_arrays: Any
@@ -176,6 +173,28 @@ def _compiled_ends(
         )
         return linear_kind(joined, fc_arrays, fc_kind)
 
+    compiled_into = mx.compile(into)
+
+    def step_in(tokens: mx.array, hidden: mx.array) -> mx.array:
+        return compiled_into(tokens, hidden, norm_e.weight, norm_h.weight, weight_arrays(fc))
+
+    return (step_in, *_compiled_out(module))
+
+
+def _compiled_out(
+    module: NextNModule,
+) -> tuple[
+    Callable[[mx.array], tuple[mx.array | None, mx.array]],
+    Callable[[mx.array, mx.array], tuple[mx.array | None, mx.array]],
+]:
+    """``_compiled_ends``' end: x [1, N, H] -> (logits or None for the trunk's head,
+    norm(x)), the logits of every row or (``out_at``) of the rows asked for only. The LM
+    head's product is batch-invariant, so projecting those rows alone gives each the bits
+    it has in the projection of all of them."""
+    norm = module.norm
+    head = weight_of(module.lm_head) if "lm_head" in module else None
+    head_kind = None if head is None else weight_kind(head)
+
     def out(x: mx.array, w: mx.array, head_arrays: Any) -> tuple[mx.array, mx.array]:
         normed = mx.fast.rms_norm(x, w, norm.eps)
         return linear_kind(normed, head_arrays, head_kind), normed
@@ -186,13 +205,9 @@ def _compiled_ends(
         normed = mx.fast.rms_norm(x, w, norm.eps)
         return linear_kind(positions(normed, rows), head_arrays, head_kind), normed
 
-    compiled_into = mx.compile(into)
     compiled_out = mx.compile(out)
     compiled_out_at = mx.compile(out_at)
     compiled_norm = mx.compile(lambda x, w: mx.fast.rms_norm(x, w, norm.eps))
-
-    def step_in(tokens: mx.array, hidden: mx.array) -> mx.array:
-        return compiled_into(tokens, hidden, norm_e.weight, norm_h.weight, weight_arrays(fc))
 
     def step_out(x: mx.array) -> tuple[mx.array | None, mx.array]:
         if head is None:
@@ -206,7 +221,7 @@ def _compiled_ends(
         logits, normed = compiled_out_at(x, rows, norm.weight, weight_arrays(head))
         return logits, normed
 
-    return step_in, step_out, step_out_at
+    return step_out, step_out_at
 
 
 def _attend_row(
