@@ -176,6 +176,35 @@ def test_packed_rows_are_bitwise_mlx_lm_layer(model: LoadedModel) -> None:
             np.testing.assert_array_equal(_bits(hidden), _bits(want_hidden), str(row))
 
 
+@pytest.mark.parametrize("num_rows", [1, NUM_ROWS])
+def test_logits_at_a_position_are_that_positions_bits(model: LoadedModel, num_rows: int) -> None:
+    """``forward_rows`` asked for one position a row (lazy indices) projects those alone:
+    each row's logits are bitwise that position's among all its positions' logits, its
+    hidden states and cache the same as without ``at``."""
+    head = _head(model)
+    every = [[LazyKVCache()] for _ in range(num_rows)]
+    only = [[LazyKVCache()] for _ in range(num_rows)]
+    for feed in range(3):
+        sizes = [1 + (row + feed) % 5 for row in range(num_rows)]
+        hidden = [_hidden(model, row, size, feed) for row, size in enumerate(sizes)]
+        tokens = [mx.array([_tokens(row, n, feed)], mx.int32) for row, n in enumerate(sizes)]
+        # lazy [1] int32 positions, as the drafter's last valid pair's index is
+        wanted = [(row * 7 + feed) % size for row, size in enumerate(sizes)]
+        at = [mx.array(w + 1, mx.int32) - 1 for w in wanted]
+        want = head.forward_rows(hidden, tokens, every)
+        got = head.forward_rows(hidden, tokens, only, at=at)
+        for row, ((want_logits, want_hidden), (logits, out)) in enumerate(
+            zip(want, got, strict=True)
+        ):
+            assert logits.shape == (1, 1, want_logits.shape[-1])
+            np.testing.assert_array_equal(
+                _bits(logits[0, 0]), _bits(want_logits[0, wanted[row]]), str(row)
+            )
+            np.testing.assert_array_equal(_bits(out), _bits(want_hidden), str(row))
+    for a, b in zip(every, only, strict=True):
+        np.testing.assert_array_equal(_bits(a[0].keys), _bits(b[0].keys))
+
+
 def _drafters(model: LoadedModel) -> list[MTPDrafter]:
     drafters = []
     for row in range(4):
@@ -278,6 +307,7 @@ def test_rope_angles_from_the_tables_are_the_computed_ones(model: LoadedModel) -
     parts = _head(model).fused_parts()
     assert parts is not None
     angles = type(parts.angles)(parts.angles.tables)
+    ran = type(parts.angles)(parts.angles.tables)
     for start, size in [(0, 1), (5, 3), (1020, 9), (3000, 2), (4095, 1), (4090, 16)]:
         positions = mx.arange(start, start + size, dtype=mx.int32)
         cos, sin = angles.at(positions, start + size)
@@ -287,4 +317,8 @@ def test_rope_angles_from_the_tables_are_the_computed_ones(model: LoadedModel) -
         for i in range(size):
             alone_cos, _ = parts.angles.tables(positions[i : i + 1])
             np.testing.assert_array_equal(_bits(cos[i]), _bits(alone_cos.reshape(-1)))
-    assert angles.size == 5 * angles.GROWTH  # grown in steps to cover position 4105
+        # a run from a lazy start (a drafting cycle's offset) is the same slice of the tables
+        run_cos, run_sin = ran.run(mx.array(start + 1, mx.int32) - 1, size, start + size)
+        np.testing.assert_array_equal(_bits(run_cos), _bits(cos))
+        np.testing.assert_array_equal(_bits(run_sin), _bits(sin))
+    assert angles.size == ran.size == 5 * angles.GROWTH  # grown in steps to cover 4105

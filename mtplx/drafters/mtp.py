@@ -20,6 +20,7 @@ import mlx.core as mx
 from mtplx import cache as cache_ops
 from mtplx.drafters.base import Drafter, DraftSampler, OneSource
 from mtplx.models.base import LoadedModel, MTPHead
+from mtplx.models.base import position as at_position
 from mtplx.models.fused_head import fuse_head
 
 # Queued pairs past this many (a prompt's, at its first draft) reach the head's cache in
@@ -129,13 +130,14 @@ class MTPDrafter(OneSource):
             return drafts
         fed = [rows[i]._feed() for i in live]
         outputs = self.head.forward_rows(
-            [hidden for hidden, _, _ in fed],
-            [tokens for _, tokens, _ in fed],
+            [hidden for hidden, _, _, _ in fed],
+            [tokens for _, tokens, _, _ in fed],
             [rows[i].cache for i in live],
+            at=[last for _, _, _, last in fed],  # only the last valid pair's logits are read
         )
         state = {
-            i: rows[i]._first(out_logits, out_hidden, tokens, valid)
-            for i, (_, tokens, valid), (out_logits, out_hidden) in zip(
+            i: rows[i]._first(out_logits, out_hidden, valid, last)
+            for i, (_, _, valid, last), (out_logits, out_hidden) in zip(
                 live, fed, outputs, strict=True
             )
         }  # row -> (logits [V'], hidden [1, 1, H]) at its next draft position
@@ -158,9 +160,10 @@ class MTPDrafter(OneSource):
                 state[i] = (out_logits[0, -1], out_hidden)
         return drafts
 
-    def _feed(self) -> tuple[mx.array, mx.array, mx.array | None]:
+    def _feed(self) -> tuple[mx.array, mx.array, mx.array | None, mx.array]:
         """Drop the previous cycle's speculative entries and take the queued pairs:
-        (hidden [1, n, H], tokens [1, n] int32, the last batch's valid count or None)."""
+        (hidden [1, n, H], tokens [1, n] int32, the last batch's valid count or None, []
+        int32 the last valid pair's index among the n, lazy where the count is)."""
         if self.checkpoint is not None:
             if self.commits_lazily:
                 self.cache[0].rollback(self.checkpoint)
@@ -173,7 +176,12 @@ class MTPDrafter(OneSource):
             hidden_in, tokens_in = self._catch_up(hidden_in, tokens_in)
         self._last_size = int(self.pending_tokens[-1].shape[0])
         self.pending_hidden, self.pending_tokens, self.pending_valid = [], [], None
-        return hidden_in, tokens_in, valid
+        count = int(tokens_in.shape[1])
+        if valid is None:
+            last = mx.array(count - 1, mx.int32)
+        else:  # the pairs past the valid ones of the last batch (fed last) do not hold
+            last = valid + (count - 1 - self._last_size)
+        return hidden_in, tokens_in, valid, last
 
     def _catch_up(self, hidden: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
         """Feed all but the last (at most CATCH_UP_CHUNK) of the queued pairs to the head's
@@ -195,20 +203,19 @@ class MTPDrafter(OneSource):
         self,
         out_logits: mx.array,
         out_hidden: mx.array,
-        tokens_in: mx.array,
         valid: mx.array | None,
+        last: mx.array,
     ) -> tuple[mx.array, mx.array]:
-        """After the fed pairs' head step: the logits [V'] and hidden [1, 1, H] at the last
+        """After the fed pairs' head step (out_logits [1, 1, V'] of the fed pair ``last``
+        [] int32, out_hidden [1, n, H]): the logits [V'] and hidden [1, 1, H] at the last
         pair that holds; checkpoint the cache before the speculative entries."""
+        logits = out_logits.reshape(-1)  # [V']
         if valid is None:
-            logits, hidden = out_logits[0, -1], out_hidden[:, -1:]
+            hidden = out_hidden[:, -1:]
         else:  # the pairs past the valid ones leave the cache; read the last valid one's
             self.cache[0].trim_lazily(self._last_size - valid)
             self.num_fed_unsettled += 1
-            # [1]: the last valid pair's index among the fed ones (the batch is fed last)
-            last = (valid + (int(tokens_in.shape[1]) - 1 - self._last_size)).reshape(1)
-            logits = mx.take(out_logits, last, axis=1).reshape(-1)  # [V']
-            hidden = mx.take(out_hidden, last, axis=1)  # [1, 1, H]
+            hidden = at_position(out_hidden, last)  # [1, 1, H]
         if self.commits_lazily:
             self.checkpoint = self.cache[0].checkpoint()
         else:

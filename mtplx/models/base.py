@@ -70,12 +70,20 @@ class MTPHead(Protocol):
         ...
 
     def forward_rows(
-        self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+        self,
+        hidden: list[mx.array],
+        next_tokens: list[mx.array],
+        caches: list[list[Any]],
+        at: list[mx.array] | None = None,
     ) -> list[tuple[mx.array, mx.array]]:
         """Many sequences' head steps at once: row i feeds hidden[i] [1, T_i, H] and
         next_tokens[i] [1, T_i] over its own cache caches[i] -> per row (logits
         [1, T_i, V'], hidden [1, T_i, H]), bitwise what ``self(hidden[i], next_tokens[i],
-        caches[i])`` returns (a head that cannot pack rows runs them one by one)."""
+        caches[i])`` returns (a head that cannot pack rows runs them one by one).
+
+        ``at``: per row a [] int32 (lazy) position among its T_i whose logits alone are
+        wanted; row i's logits are then [1, 1, V'], the bits of that position's in the
+        logits of all (a head may project that position alone: ``logits_at`` otherwise)."""
         ...
 
 
@@ -107,6 +115,31 @@ def forward_each(
 ) -> list[tuple[mx.array, mx.array]]:
     """``MTPHead.forward_rows`` for a head that cannot pack rows: one call per row."""
     return [head(h, t, c) for h, t, c in zip(hidden, next_tokens, caches, strict=True)]
+
+
+def logits_at(
+    outputs: list[tuple[mx.array, mx.array]], at: list[mx.array] | None
+) -> list[tuple[mx.array, mx.array]]:
+    """Each row's (logits [1, T_i, V'], hidden) -> (its logits at ``at[i]`` [1, 1, V'],
+    hidden): ``MTPHead.forward_rows``'s ``at`` for a head that projects every position."""
+    if at is None:
+        return outputs
+    return [
+        (position(logits, row_at), hidden)
+        for (logits, hidden), row_at in zip(outputs, at, strict=True)
+    ]
+
+
+def position(x: mx.array, at: mx.array) -> mx.array:
+    """x [1, T, ...] at position ``at`` ([] int32, lazy) -> [1, 1, ...]: one dynamic slice
+    (one graph node, where ``mx.take`` along axis 1 is four)."""
+    return mx.slice(x, at, axes=(1,), slice_size=(1, 1, *x.shape[2:]))
+
+
+def positions(x: mx.array, rows: mx.array) -> mx.array:
+    """x [1, N, ...] at ``rows`` (lazy): [R] int32 -> [1, R, ...]; [] int32 -> [1, 1, ...]
+    (``position``)."""
+    return position(x, rows) if rows.ndim == 0 else mx.take(x, rows, axis=1)
 
 
 # Rows of a head step: each row's hidden states [1, T_i, H], tokens [1, T_i] and cache.

@@ -37,6 +37,7 @@ import mlx.nn as nn
 
 from mtplx import attention, fused_layer
 from mtplx.lazy_cache import LazyKVCache
+from mtplx.models.base import positions
 from mtplx.models.compiled_layer import CompiledLayer
 from mtplx.models.fused_projections import fuse_projections
 from mtplx.models.mtp_nextn import NextNHead, NextNModule, _packs
@@ -82,6 +83,9 @@ class FusedHead(NamedTuple):
     into: Callable[[mx.array, mx.array], mx.array]
     # x [1, N, H] -> (logits [1, N, V'] or None for the trunk's head, norm(x) [1, N, H])
     out: Callable[[mx.array], tuple[mx.array | None, mx.array]]
+    # (x [1, N, H], rows [R] or [] int32) -> (logits [1, R or 1, V'] of those rows or None,
+    # norm(x))
+    out_at: Callable[[mx.array, mx.array], tuple[mx.array | None, mx.array]]
     block: Any  # the head's mlx-lm llama layer (its norms' weights, attention settings)
 
     def layer(self, x: mx.array, sizes: list[int], caches: list[list[Any]]) -> mx.array:
@@ -136,9 +140,9 @@ def _fuse_head(module: NextNModule, index: int, trunk: Trunk) -> FusedHead | Non
         or not isinstance(down, QuantWeight)
     ):
         return None
-    into, out = _compiled_ends(module, trunk)
+    into, out, out_at = _compiled_ends(module, trunk)
     angles = RopeAngles(compiled.rope_tables)
-    return FusedHead(fused.qkv, o_proj, fused.gate_up, down, angles, into, out, layer)
+    return FusedHead(fused.qkv, o_proj, fused.gate_up, down, angles, into, out, out_at, layer)
 
 
 def _compiled_ends(
@@ -146,16 +150,16 @@ def _compiled_ends(
 ) -> tuple[
     Callable[[mx.array, mx.array], mx.array],
     Callable[[mx.array], tuple[mx.array | None, mx.array]],
+    Callable[[mx.array, mx.array], tuple[mx.array | None, mx.array]],
 ]:
     """The head step's ops before its layer (embedding lookup, the two norms, fc) and after it
-    (norm, the head's own LM head), compiled: the same ops in the same order (MLX's fusion of
-    elementwise ops changes no bits), a few graph nodes instead of ~60. The trunk's
-    embedding is read as the compiled function's constant; the head's weights are its
-    arguments."""
-    norm_e, norm_h, norm = module.pre_fc_norm_embedding, module.pre_fc_norm_hidden, module.norm
+    (norm, the head's own LM head: over every row, or over the rows asked for only),
+    compiled: the same ops in the same order (MLX's fusion of elementwise ops changes no
+    bits), a few graph nodes instead of ~60. The trunk's embedding is read as the compiled
+    function's constant; the head's weights are its arguments."""
+    norm_e, norm_h = module.pre_fc_norm_embedding, module.pre_fc_norm_hidden
     fc = weight_of(module.fc)
-    head = weight_of(module.lm_head) if "lm_head" in module else None
-    fc_kind, head_kind = weight_kind(fc), None if head is None else weight_kind(head)
+    fc_kind = weight_kind(fc)
 
     def into(
         tokens: mx.array, hidden: mx.array, w_e: mx.array, w_h: mx.array, fc_arrays: Any
@@ -169,16 +173,41 @@ def _compiled_ends(
         )
         return linear_kind(joined, fc_arrays, fc_kind)
 
+    compiled_into = mx.compile(into)
+
+    def step_in(tokens: mx.array, hidden: mx.array) -> mx.array:
+        return compiled_into(tokens, hidden, norm_e.weight, norm_h.weight, weight_arrays(fc))
+
+    return (step_in, *_compiled_out(module))
+
+
+def _compiled_out(
+    module: NextNModule,
+) -> tuple[
+    Callable[[mx.array], tuple[mx.array | None, mx.array]],
+    Callable[[mx.array, mx.array], tuple[mx.array | None, mx.array]],
+]:
+    """``_compiled_ends``' end: x [1, N, H] -> (logits or None for the trunk's head,
+    norm(x)), the logits of every row or (``out_at``) of the rows asked for only. The LM
+    head's product is batch-invariant, so projecting those rows alone gives each the bits
+    it has in the projection of all of them."""
+    norm = module.norm
+    head = weight_of(module.lm_head) if "lm_head" in module else None
+    head_kind = None if head is None else weight_kind(head)
+
     def out(x: mx.array, w: mx.array, head_arrays: Any) -> tuple[mx.array, mx.array]:
         normed = mx.fast.rms_norm(x, w, norm.eps)
         return linear_kind(normed, head_arrays, head_kind), normed
 
-    compiled_into = mx.compile(into)
-    compiled_out = mx.compile(out)
-    compiled_norm = mx.compile(lambda x, w: mx.fast.rms_norm(x, w, norm.eps))
+    def out_at(
+        x: mx.array, rows: mx.array, w: mx.array, head_arrays: Any
+    ) -> tuple[mx.array, mx.array]:
+        normed = mx.fast.rms_norm(x, w, norm.eps)
+        return linear_kind(positions(normed, rows), head_arrays, head_kind), normed
 
-    def step_in(tokens: mx.array, hidden: mx.array) -> mx.array:
-        return compiled_into(tokens, hidden, norm_e.weight, norm_h.weight, weight_arrays(fc))
+    compiled_out = mx.compile(out)
+    compiled_out_at = mx.compile(out_at)
+    compiled_norm = mx.compile(lambda x, w: mx.fast.rms_norm(x, w, norm.eps))
 
     def step_out(x: mx.array) -> tuple[mx.array | None, mx.array]:
         if head is None:
@@ -186,25 +215,31 @@ def _compiled_ends(
         logits, normed = compiled_out(x, norm.weight, weight_arrays(head))
         return logits, normed
 
-    return step_in, step_out
+    def step_out_at(x: mx.array, rows: mx.array) -> tuple[mx.array | None, mx.array]:
+        if head is None:
+            return None, compiled_norm(x, norm.weight)
+        logits, normed = compiled_out_at(x, rows, norm.weight, weight_arrays(head))
+        return logits, normed
+
+    return step_out, step_out_at
 
 
 def _attend_row(
-    attn: Any, cache: Any, q: mx.array, k: mx.array, v: mx.array, positions: mx.array
+    attn: Any, cache: Any, q: mx.array, k: mx.array, v: mx.array, counts: mx.array
 ) -> mx.array:
     """One row's attention over its own cache on the fused attention kernel: q [T, heads, d]
-    and k, v [T, kv_heads, d] (roped) of its tokens at ``positions`` [T] int32 -> [T, heads
-    * d]. The keys and values go into the cache's buffers ([1, kv_heads, capacity, d], a
-    ``LazyKVCache``'s or mlx-lm's ``KVCache``'s) at its offset; the kernel reads the buffer
-    as a store of one slot, token t seeing its first ``positions[t] + 1`` entries (the
-    causal mask and the row's length in one count, lazy where the offset is)."""
+    and k, v [T, kv_heads, d] (roped) of its tokens at positions ``counts - 1`` ([T] int32)
+    -> [T, heads * d]. The keys and values go into the cache's buffers ([1, kv_heads,
+    capacity, d], a ``LazyKVCache``'s or mlx-lm's ``KVCache``'s) at its offset; the kernel
+    reads the buffer as a store of one slot, token t seeing its first ``counts[t]`` entries
+    (the causal mask and the row's length in one count, lazy where the offset is)."""
     size = int(q.shape[0])
     if isinstance(cache, LazyKVCache):
         _write_lazy(cache, k, v)
     else:
         cache.update_and_fetch(k[None].transpose(0, 2, 1, 3), v[None].transpose(0, 2, 1, 3))
     return attention.attend(
-        q, cache.keys, cache.values, _zeros(size), positions + 1, attn.scale
+        q, cache.keys, cache.values, _zeros(size), counts, attn.scale
     )  # [T, heads * d]
 
 
@@ -216,7 +251,7 @@ def _write_lazy(cache: LazyKVCache, k: mx.array, v: mx.array) -> None:
     like = mx.zeros((1, kv_heads, 1, dim), k.dtype)  # only its shape and dtype are read
     capacity = cache.reserve(size, like, like)
     assert cache.keys is not None and cache.values is not None
-    write_at = cache.offset + _store_rows(kv_heads, capacity, size)  # [kv_heads * T]
+    write_at = _offset_add()(cache.offset, _store_rows(kv_heads, capacity, size))  # [kv * T]
     cache.keys, cache.values = fused_layer.write(
         cache.keys, cache.values, k, v, write_at, _arange(size), size
     )
@@ -236,11 +271,18 @@ def _store_rows(kv_heads: int, capacity: int, size: int) -> mx.array:
 
 
 @functools.lru_cache(maxsize=64)
-def _arange(size: int) -> mx.array:
-    """[size] int32 0 .. size - 1, evaluated (a graph constant)."""
-    rows = mx.arange(size, dtype=mx.int32)
+def _arange(size: int, start: int = 0) -> mx.array:
+    """[size] int32 start .. start + size - 1, evaluated (a graph constant)."""
+    rows = mx.arange(start, start + size, dtype=mx.int32)
     mx.eval(rows)
     return rows
+
+
+@functools.cache
+def _offset_add() -> Callable[[mx.array, mx.array], mx.array]:
+    """A lazy [] int32 offset + an int32 constant [n], compiled: one graph node where the
+    broadcast and the add are two (integer adds: the same values)."""
+    return mx.compile(lambda offset, rows: offset + rows)
 
 
 @functools.lru_cache(maxsize=64)
@@ -271,6 +313,22 @@ class RopeAngles:
     def at(self, positions: mx.array, bound: int) -> tuple[mx.array, mx.array]:
         """cos and sin [N, dims / 2] of positions [N] int32 (lazy), every one below
         ``bound`` (what the host knows of them)."""
+        cos, sin = self._tables(bound)
+        return mx.take(cos, positions, axis=0), mx.take(sin, positions, axis=0)
+
+    def run(self, start: mx.array, size: int, bound: int) -> tuple[mx.array, mx.array]:
+        """``at`` of the positions start .. start + size - 1 (start [] int32, lazy): a
+        dynamic slice of each table (one graph node, where a gather is two)."""
+        cos, sin = self._tables(bound)
+        half = int(cos.shape[1])
+        return (
+            mx.slice(cos, start, axes=(0,), slice_size=(size, half)),
+            mx.slice(sin, start, axes=(0,), slice_size=(size, half)),
+        )
+
+    def _tables(self, bound: int) -> tuple[mx.array, mx.array]:
+        """The tables (cos, sin [size, dims / 2]), grown first to hold every position below
+        ``bound``."""
         if bound > self.size:
             size = -(-bound // self.GROWTH) * self.GROWTH
             cos, sin = self.tables(mx.arange(size, dtype=mx.int32))
@@ -278,7 +336,7 @@ class RopeAngles:
             mx.eval(self.cos, self.sin)
             self.size = size
         assert self.cos is not None and self.sin is not None
-        return mx.take(self.cos, positions, axis=0), mx.take(self.sin, positions, axis=0)
+        return self.cos, self.sin
 
 
 def _bound(cache: Any) -> int:
@@ -305,11 +363,15 @@ def _fused_rows(
     position), each row's cache and attention alone (``_attend_row``), then one ``after``."""
     attn = layer.self_attn
     norm = layer.input_layernorm
-    positions = [_positions(cache[0], size) for size, cache in zip(sizes, caches, strict=True)]
-    cos, sin = parts.angles.at(
-        mx.concatenate(positions) if len(positions) > 1 else positions[0],
-        max(_bound(cache[0]) + size for size, cache in zip(sizes, caches, strict=True)),
-    )
+    bound = max(_bound(cache[0]) + size for size, cache in zip(sizes, caches, strict=True))
+    if len(sizes) == 1 and isinstance(caches[0][0], LazyKVCache):  # a drafting cycle's feed
+        offset = caches[0][0].offset  # [] int32, lazy
+        cos, sin = parts.angles.run(offset, sizes[0], bound)
+        counts = [_offset_add()(offset, _arange(sizes[0], 1))]  # [T]
+    else:
+        at = [_positions(cache[0], size) for size, cache in zip(sizes, caches, strict=True)]
+        cos, sin = parts.angles.at(mx.concatenate(at) if len(at) > 1 else at[0], bound)
+        counts = [row + 1 for row in at]
     queries, keys, values = fused_layer.before(
         x,
         norm.weight,
@@ -324,12 +386,12 @@ def _fused_rows(
     )  # [N, heads, d], [N, kv_heads, d] x 2
     outputs = []
     start = 0
-    for size, cache, at in zip(sizes, caches, positions, strict=True):
+    for size, cache, count in zip(sizes, caches, counts, strict=True):
         end = start + size
         q, k, v = queries, keys, values
         if len(sizes) > 1:
             q, k, v = q[start:end], k[start:end], v[start:end]
-        outputs.append(_attend_row(attn, cache[0], q, k, v, at))
+        outputs.append(_attend_row(attn, cache[0], q, k, v, count))
         start = end
     post = layer.post_attention_layernorm
     return fused_layer.after(

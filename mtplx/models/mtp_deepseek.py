@@ -25,7 +25,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from mtplx.models.base import forward_each, forward_packed
+from mtplx.models.base import forward_each, forward_packed, logits_at
 from mtplx.models.checkpoint import MTPTensors, text_config
 from mtplx.models.target import Trunk
 from mtplx.models.weights import MTPWeightError, load_checked, stack_experts
@@ -74,7 +74,11 @@ class DeepseekMTPHead:
         return None
 
     def forward_rows(
-        self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+        self,
+        hidden: list[mx.array],
+        next_tokens: list[mx.array],
+        caches: list[list[Any]],
+        at: list[mx.array] | None = None,
     ) -> list[tuple[mx.array, mx.array]]:
         """Many rows' head steps in one forward: eh_proj, the block's norms and MLP (MoE:
         each token routed alone) and the head over the rows' tokens packed into one [1, N]
@@ -86,8 +90,9 @@ class DeepseekMTPHead:
         from mlx_lm.models.deepseek_v3 import DeepseekV3DecoderLayer
 
         if type(self.module.block) is not DeepseekV3DecoderLayer:
-            return forward_each(self, hidden, next_tokens, caches)
-        return forward_packed(self, self._forward_packed, hidden, next_tokens, caches)
+            return logits_at(forward_each(self, hidden, next_tokens, caches), at)
+        outputs = forward_packed(self, self._forward_packed, hidden, next_tokens, caches)
+        return logits_at(outputs, at)  # ``at``: the logits of every position, then taken
 
     def _forward_packed(
         self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]

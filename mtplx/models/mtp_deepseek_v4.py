@@ -24,7 +24,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from mtplx.models.base import forward_each, forward_packed
+from mtplx.models.base import forward_each, forward_packed, logits_at
 from mtplx.models.checkpoint import MTPTensors, text_config
 from mtplx.models.target import Trunk
 from mtplx.models.weights import MTPWeightError, load_checked
@@ -81,7 +81,11 @@ class DeepseekV4MTPHead:
         return None
 
     def forward_rows(
-        self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+        self,
+        hidden: list[mx.array],
+        next_tokens: list[mx.array],
+        caches: list[list[Any]],
+        at: list[mx.array] | None = None,
     ) -> list[tuple[mx.array, mx.array]]:
         """Many rows' head steps in one forward: the input projections, the block's
         hyper-connection mixes, norms and MLP (MoE: each token routed alone) and the head
@@ -94,8 +98,9 @@ class DeepseekV4MTPHead:
         from mlx_lm.models.deepseek_v41 import DecoderLayer
 
         if type(self.module.block) is not DecoderLayer:
-            return forward_each(self, hidden, next_tokens, caches)
-        return forward_packed(self, self._forward_packed, hidden, next_tokens, caches)
+            return logits_at(forward_each(self, hidden, next_tokens, caches), at)
+        outputs = forward_packed(self, self._forward_packed, hidden, next_tokens, caches)
+        return logits_at(outputs, at)  # ``at``: the logits of every position, then taken
 
     def __call__(
         self, hidden: mx.array, next_tokens: mx.array, cache: list[Any]

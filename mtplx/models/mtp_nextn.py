@@ -28,7 +28,7 @@ from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attenti
 from mlx_lm.models.cache import KVCache
 
 from mtplx.lazy_cache import LazyKVCache
-from mtplx.models.base import forward_each, forward_packed
+from mtplx.models.base import forward_each, forward_packed, logits_at, pack_rows, positions
 from mtplx.models.checkpoint import MTPTensors, text_config
 from mtplx.models.families import NATIVE_NEXTN, strip_nextn_prefix
 from mtplx.models.target import Trunk
@@ -105,17 +105,30 @@ class NextNHead:
         return logits, out
 
     def forward_rows(
-        self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
+        self,
+        hidden: list[mx.array],
+        next_tokens: list[mx.array],
+        caches: list[list[Any]],
+        at: list[mx.array] | None = None,
     ) -> list[tuple[mx.array, mx.array]]:
         """Many rows' head steps in one forward: every product (fc, projections, MLP, LM
         head) over the rows' tokens packed into one [1, N] sequence, so each weight is read
         once for all rows; RoPE, the cache and attention per row, as ``__call__`` runs them.
         The batch-invariant products sum each output element in the same order whatever
         the row count, so a row's outputs are bitwise those of ``__call__`` alone. Heads
-        over other layers than mlx-lm's llama block run row by row."""
+        over other layers than mlx-lm's llama block run row by row. With ``at`` the fused
+        step projects only those positions' hidden states onto the (draft) vocabulary."""
         if not _packs(self.module.layers[self.index]):
-            return forward_each(self, hidden, next_tokens, caches)
-        return forward_packed(self, self._forward_packed, hidden, next_tokens, caches)
+            return logits_at(forward_each(self, hidden, next_tokens, caches), at)
+        fused = self.fused_parts()
+        if fused is None:
+            outputs = forward_packed(self, self._forward_packed, hidden, next_tokens, caches)
+            return logits_at(outputs, at)
+        results: list[tuple[mx.array, mx.array]] = []
+        for pack in pack_rows(hidden, next_tokens, caches):  # a row alone is ``__call__``'s
+            pack_at = None if at is None else at[len(results) : len(results) + len(pack[0])]
+            results.extend(self._forward_fused(fused, *pack, at=pack_at))
+        return results
 
     def _forward_packed(
         self, hidden: list[mx.array], next_tokens: list[mx.array], caches: list[list[Any]]
@@ -144,6 +157,7 @@ class NextNHead:
         hidden: list[mx.array],
         next_tokens: list[mx.array],
         caches: list[list[Any]],
+        at: list[mx.array] | None = None,
     ) -> list[tuple[mx.array, mx.array]]:
         """``_forward_packed`` (one row or several) through the fused parts
         (``mtplx.models.fused_head``): the same ops and bits in a few graph nodes each for
@@ -153,10 +167,30 @@ class NextNHead:
         states = mx.concatenate(hidden, axis=1) if len(sizes) > 1 else hidden[0]
         x = fused.into(tokens, states)  # [1, N, H]
         x = fused.layer(x, sizes, caches)
+        if at is not None:
+            return self._project_at(fused, x, sizes, at)
         logits, out = fused.out(x)
         if logits is None:  # the trunk's head (a tied embedding, or its own lm_head)
             logits = self.trunk.lm_head(out)
         return _split(logits, out, sizes)
+
+    def _project_at(
+        self, fused: Any, x: mx.array, sizes: list[int], at: list[mx.array]
+    ) -> list[tuple[mx.array, mx.array]]:
+        """The head's output over packed rows x [1, N, H]: every row's normed hidden states,
+        and the logits [1, 1, V'] of row i's position ``at[i]`` only (the LM head's product
+        is batch-invariant: the bits that position has among all)."""
+        starts = itertools.accumulate(sizes[:-1], initial=0)
+        rows = (
+            at[0] if len(at) == 1 else mx.stack([a + s for a, s in zip(at, starts, strict=True)])
+        )  # [] or [R] int32: the wanted positions among the N packed ones
+        logits, out = fused.out_at(x, rows)
+        if logits is None:  # the trunk's head (a tied embedding, or its own lm_head)
+            logits = self.trunk.lm_head(positions(out, rows))
+        if len(sizes) == 1:
+            return [(logits, out)]
+        outputs = _split(out, out, sizes)
+        return [(logits[:, i : i + 1], row_out) for i, (_, row_out) in enumerate(outputs)]
 
 
 def _split(logits: mx.array, out: mx.array, sizes: list[int]) -> list[tuple[mx.array, mx.array]]:

@@ -70,6 +70,35 @@ def test_forward_rows_gives_each_row_its_alone_outputs(model: LoadedModel) -> No
             np.testing.assert_array_equal(np.array(out), np.array(want_hidden), str(row))
 
 
+def _assert_logits_at(model: LoadedModel) -> None:
+    """16 rows, one position a row asked for (lazy indices): each row's logits are
+    bitwise that position's among all its positions', its hidden states the same."""
+    head = model.mtp_heads[0]
+    every = [head.make_cache() for _ in range(NUM_ROWS)]
+    only = [head.make_cache() for _ in range(NUM_ROWS)]
+    for feed in range(2):
+        sizes = [1 + (row + feed) % 4 for row in range(NUM_ROWS)]
+        hidden = [_hidden(model, row, size, feed) for row, size in enumerate(sizes)]
+        tokens = [mx.array([_tokens(row, size, feed)], mx.int32) for row, size in enumerate(sizes)]
+        wanted = [(3 * row + feed) % size for row, size in enumerate(sizes)]
+        at = [mx.array(w + 1, mx.int32) - 1 for w in wanted]  # lazy, as the drafter's
+        want = head.forward_rows(hidden, tokens, every)
+        got = head.forward_rows(hidden, tokens, only, at=at)
+        for row, ((want_logits, want_hidden), (logits, out)) in enumerate(
+            zip(want, got, strict=True)
+        ):
+            assert logits.shape == (1, 1, want_logits.shape[-1])
+            np.testing.assert_array_equal(
+                np.array(logits[0, 0]), np.array(want_logits[0, wanted[row]]), str(row)
+            )
+            np.testing.assert_array_equal(np.array(out), np.array(want_hidden), str(row))
+
+
+def test_forward_rows_at_gives_that_positions_logits(model: LoadedModel) -> None:
+    """The generic head, float and fused (``MTPHead.forward_rows``'s ``at``)."""
+    _assert_logits_at(model)
+
+
 def _drafters(model: LoadedModel) -> list[MTPDrafter]:
     """NUM_ROWS drafters, each fed its own committed history (lazy caches: the engine's)."""
     drafters = []
@@ -138,6 +167,30 @@ def test_a_row_drafts_alone_what_it_drafts_among_sixteen(model: LoadedModel, see
                 drafter.commit(_tokens(row, 2, cycle), _hidden(model, row, 2, 10 + cycle))
 
 
+@pytest.mark.parametrize("valid", [1, 2, 3])
+def test_a_lazy_commit_drafts_what_its_valid_pairs_draft(model: LoadedModel, valid: int) -> None:
+    """Pairs committed lazily with ``valid`` of them holding (the count unread when the
+    next proposal feeds them) draft what committing those pairs alone drafts, bitwise:
+    the draft is read at the last valid pair, whichever it is."""
+    lazy, eager = _drafters(model)[:2], _drafters(model)[:2]
+    tokens, hidden = _tokens(0, 3, 1), _hidden(model, 0, 3, 30)
+    lazy[0].commit_lazy(mx.array(tokens, mx.int32), hidden, mx.array(valid + 1) - 1)
+    eager[0].commit(tokens[:valid], hidden[:, :valid])
+    for drafter in (lazy[1], eager[1]):  # the same rows fed first (2 pairs) for a fuller cache
+        drafter.commit(_tokens(1, 2, 1), _hidden(model, 1, 2, 31))
+    for drafters in (lazy, eager):
+        samplers = [_sampler(model, row, False, 2, 1) for row in range(2)]
+        drafts = drafters[0].propose_batch(drafters, [[0], [0]], [2, 2], samplers)
+        if drafters is lazy:
+            want = drafts
+    for (tokens_got, qs_got), (tokens_want, qs_want) in zip(drafts, want, strict=True):
+        np.testing.assert_array_equal(
+            np.array(mx.stack(tokens_got)), np.array(mx.stack(tokens_want))
+        )
+        for q, q_want in zip(qs_got, qs_want, strict=True):
+            np.testing.assert_array_equal(np.array(q), np.array(q_want))
+
+
 @pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
 def test_a_long_prompt_reaches_the_head_in_chunks(
     model: LoadedModel, seeded: bool, monkeypatch: pytest.MonkeyPatch
@@ -151,9 +204,11 @@ def test_a_long_prompt_reaches_the_head_in_chunks(
     sizes: list[int] = []
     forward_rows = head.forward_rows
 
-    def recorded(hiddens: list[mx.array], tokens: list[mx.array], caches: list) -> list:
+    def recorded(
+        hiddens: list[mx.array], tokens: list[mx.array], caches: list, at: list | None = None
+    ) -> list:
         sizes.extend(int(t.shape[1]) for t in tokens)
-        return forward_rows(hiddens, tokens, caches)
+        return forward_rows(hiddens, tokens, caches, at=at)
 
     monkeypatch.setattr(head, "forward_rows", recorded)
     at_once = MTPDrafter(model)
@@ -211,3 +266,8 @@ def test_a_deepseek_head_row_drafts_alone_what_it_drafts_among_sixteen(
             hidden = mx.random.normal((1, 2, size), key=mx.random.key(100 * cycle + row))
             for drafters in (alone, batched):
                 drafters[row].commit(_tokens(row, 2, cycle), hidden)
+
+
+def test_a_deepseek_head_gives_the_logits_at_a_position(deepseek: LoadedModel) -> None:
+    """The DeepSeek-form heads take ``at`` too (their logits of every position, taken)."""
+    _assert_logits_at(deepseek)
