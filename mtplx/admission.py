@@ -70,7 +70,9 @@ class Admission(EngineState):
         """KV the running sequences with no prompt token in their row yet will take at
         their first forward (their prompts'; 0 where the target cannot say): rows take
         their memory there, so without it a burst of long prompts would all be admitted
-        before any is counted."""
+        before any is counted. A first chunk still in flight is counted twice for that
+        step (its row's memory is taken, ``num_prefilled`` not yet moved): it errs toward
+        waiting."""
         per_position = self.batched.block_nbytes(1)
         if not per_position:
             return 0
