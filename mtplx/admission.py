@@ -55,13 +55,29 @@ class Admission(EngineState):
     @property
     def has_room(self) -> bool:
         """Whether another sequence can join the batch now: a free slot, and the KV the
-        running rows hold under ``max_kv_bytes``."""
+        running rows hold, plus what the prompts admitted since the last forward will
+        take, under ``max_kv_bytes``."""
         if len(self.running) >= self.max_num_seqs:
             return False
         return (
             not self.running
             or self.max_kv_bytes is None
-            or self.batched.kv_nbytes < self.max_kv_bytes
+            or self.batched.kv_nbytes + self.kv_bytes_due < self.max_kv_bytes
+        )
+
+    @property
+    def kv_bytes_due(self) -> int:
+        """KV the running sequences with no prompt token in their row yet will take at
+        their first forward (their prompts'; 0 where the target cannot say): rows take
+        their memory there, so without it a burst of long prompts would all be admitted
+        before any is counted. A first chunk still in flight is counted twice for that
+        step (its row's memory is taken, ``num_prefilled`` not yet moved): it errs toward
+        waiting."""
+        per_position = self.batched.block_nbytes(1)
+        if not per_position:
+            return 0
+        return per_position * sum(
+            sequence.num_prompt_tokens for sequence in self.running if not sequence.num_prefilled
         )
 
     def prepare(self, request: GenerationRequest) -> None:

@@ -326,7 +326,9 @@ def mx_apply_top_p_top_k(
         else:
             descending = mx.sort(kept, axis=-1)[..., ::-1]
         mass_before = mx.cumsum(descending, axis=-1, inclusive=False)
-        num_in_nucleus = mx.sum(mass_before < top_p, axis=-1, keepdims=True)
+        # At least the first: a top_p below float32's smallest value rounds to 0 in the
+        # comparison (NumPy's float64 keeps it), and 0 would index the last, keeping all.
+        num_in_nucleus = mx.maximum(mx.sum(mass_before < top_p, axis=-1, keepdims=True), 1)
         threshold = mx.take_along_axis(descending, num_in_nucleus - 1, axis=-1)
         keep = keep & (kept >= threshold)
     if min_p > 0.0:

@@ -279,14 +279,20 @@ class EngineBridge:
             self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel waiting tickets, stop the running one at its next event, join the thread."""
+        """End every ticket with ``ShuttingDown`` now (waiting and running: a step can run
+        for seconds, and a reader left waiting for it past uvicorn's graceful shutdown is
+        cut without its error event), stop the running ones' rows at the next step, join
+        the thread. Safe from any thread."""
         with self._cond:
             self._stopping = True
             pending, self._pending = list(self._pending), collections.deque()
-            for ticket in self._active:
+            active = list(self._active)
+            for ticket in active:
                 ticket._cancelled.set()
             self._cond.notify_all()
-        for ticket in pending:
+        for ticket in pending + [t for t in active if t not in pending]:
+            # The worker's own ShuttingDown for a running ticket comes later, to a reader
+            # that has ended (an error ends the iteration).
             ticket._deliver(ShuttingDown())
         if self._thread is not None:
             self._thread.join(timeout)

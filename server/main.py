@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 import time
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from mtplx.commands import check_drafter_options, describe_blas, engine_factory, resolve_model
 from mtplx.file_limits import import_mlx_lm
 
-__all__ = ["Interrupted", "run_server", "serve"]
+__all__ = ["CannotListen", "Interrupted", "listen_problem", "run_server", "serve"]
 
 
 def _settings_problems(exc: Any) -> str:
@@ -138,6 +139,11 @@ def serve(args: argparse.Namespace) -> int:
             pipeline.close()
         print(f"mtplx serve: {exc}", file=sys.stderr)
         return 130  # the shell's code for a SIGINT
+    except CannotListen as exc:
+        if pipeline is not None:
+            pipeline.close()
+        print(f"mtplx serve: {exc}", file=sys.stderr)
+        return 1
     if pipeline is not None and not pipeline.close():
         print(f"mtplx serve: {pipeline.failure}", file=sys.stderr)
         pipeline.exit_lost()
@@ -151,6 +157,33 @@ def serve(args: argparse.Namespace) -> int:
 
 class Interrupted(Exception):
     """A second SIGINT stopped the server at once: running requests were ended."""
+
+
+class CannotListen(Exception):
+    """The server's address cannot be bound (a port in use): found before the model loads."""
+
+
+def listen_problem(host: str, port: int) -> str | None:
+    """Why uvicorn could not listen on ``host:port`` (None: it can): each address it would
+    bind is bound the way asyncio binds it, and let go. Checked before the app starts,
+    because uvicorn binds only after the lifespan started the engine, and a failed bind
+    then leaves the process exiting while the model loads on its thread."""
+    try:
+        addresses = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc}"
+    for family, kind, proto, _, address in set(addresses):
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(address)
+        except OSError as exc:
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    return None
 
 
 def run_server(
@@ -176,10 +209,15 @@ def run_server(
     ones), requests in flight finish for up to ``shutdown_timeout`` seconds while any that
     still reach the bridge get 503, then the rest end with an error event (code
     ``server_shutting_down``, and ``[DONE]``); the process exits 0. A second SIGINT ends
-    every request at once, streams with that error event, and raises ``Interrupted``."""
+    every request at once, streams with that error event, and raises ``Interrupted``.
+    An address that cannot be bound raises ``CannotListen`` before anything starts."""
     import threading
 
     import uvicorn
+
+    problem = listen_problem(host, port)
+    if problem is not None:
+        raise CannotListen(problem)
 
     from server.connections import (
         ACCEPT_BACKLOG,

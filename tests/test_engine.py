@@ -463,6 +463,30 @@ def test_a_kv_budget_holds_new_requests_back_while_the_running_ones_use_it(
             engine.abort(sequence)
 
 
+def test_a_kv_budget_counts_prompts_admitted_before_their_first_forward(
+    llama_engine: Engine,
+) -> None:
+    # Rows take their KV at their first forward: a burst admitted within one step must
+    # still be held to the budget (here: what the engine holds idle plus half the first
+    # prompt's KV).
+    engine = llama_engine
+    prompt = list(range(3, 43))
+    per_prompt = engine.batched.block_nbytes(len(prompt))
+    assert per_prompt
+    engine.max_kv_bytes = engine.batched.kv_nbytes + per_prompt // 2
+    try:
+        first = engine.add(GenerationRequest(prompt, GREEDY, max_tokens=2))
+        assert not engine.has_room
+        assert engine.batched.kv_nbytes + engine.kv_bytes_due >= per_prompt
+        while not first.finished:
+            engine.step()
+        assert not engine.running and engine.has_room and engine.kv_bytes_due == 0
+    finally:
+        engine.max_kv_bytes = None
+        for sequence in list(engine.running):
+            engine.abort(sequence)
+
+
 ENGINE_MODULES = (
     "engine",
     "engine_state",

@@ -452,6 +452,18 @@ def test_mlx_filters_match_numpy_on_ties_and_zeros(top_k: int, top_p: float) -> 
         np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("top_p", [1e-46, 5e-324])
+def test_mlx_top_p_below_float32s_smallest_keeps_the_top_token(top_p: float) -> None:
+    # top_p rounds to 0 in float32: the nucleus is still the most likely token (and its
+    # ties), as in the float64 reference, never the whole distribution.
+    probs = _tie_rows()
+    for top_k in (0, 3):
+        expected = apply_top_p_top_k(probs, top_p, top_k)
+        actual = np.array(mx_apply_top_p_top_k(mx.array(probs, mx.float32), top_p, top_k))
+        assert (_support_mask(actual) == _support_mask(expected)).all(), top_k
+        assert (_support_mask(expected) == (probs == probs.max(axis=-1, keepdims=True))).all()
+
+
 def _support_mask(probs: np.ndarray) -> np.ndarray:
     return probs > 0
 

@@ -326,6 +326,41 @@ def test_stop_fails_waiting_and_running_tickets():
     asyncio.run(main())
 
 
+def test_stop_ends_running_tickets_while_a_step_is_stuck():
+    """A long step (a prompt chunk on a loaded machine) must not hold the readers: each
+    gets its error when ``stop`` runs, not when the step returns."""
+    stuck, release = threading.Event(), threading.Event()
+
+    class StuckEngine(FakeEngine):
+        def step(self):
+            stuck.set()
+            release.wait(10)
+            return super().step()
+
+    engine = StuckEngine(max_num_seqs=1)
+    sched = EngineBridge.from_engine(engine, max_queue=4, request_timeout=30.0)
+    sched.start()
+    assert sched.wait_ready(5)
+
+    async def main():
+        running = sched.submit(_request("a"))
+        await asyncio.get_running_loop().run_in_executor(None, stuck.wait, 5)
+        stopper = threading.Thread(target=sched.stop, kwargs={"timeout": 10.0})
+        stopper.start()
+        with pytest.raises(EngineNotReady, match="shutting down"):
+            await asyncio.wait_for(_collect(running), timeout=5)
+        assert stopper.is_alive()  # the step has not returned yet
+        release.set()
+        await asyncio.to_thread(stopper.join, 10)
+
+    try:
+        asyncio.run(main())
+        assert sched.state == "stopped" and sched.stats().cancelled == 1
+    finally:
+        release.set()
+        sched.stop()
+
+
 def test_idle_engine_admits_a_burst_up_to_capacity():
     engine = FakeEngine(max_num_seqs=2, token_delay=0.005)
     sched = EngineBridge.from_engine(engine, max_queue=1)

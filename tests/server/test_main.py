@@ -97,3 +97,25 @@ def test_unavailable_drafter_stops_the_server_with_a_clear_error(
     err = capsys.readouterr().err
     assert "--drafter mtp is not available" in err and "no MTP heads" in err
     assert "available drafters: none, ngram" in err
+
+
+def test_a_port_in_use_stops_serve_before_the_engine_loads(
+    capsys, monkeypatch, fake_engine_modules
+):
+    # uvicorn binds after the lifespan started the engine thread: a failed bind then exited
+    # while the model loaded there (the process aborted). The address is checked first.
+    import socket
+
+    for name in ("MTPLX_API_KEY", "MTPLX_HOST", "MTPLX_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert server_main.listen_problem("127.0.0.1", port) is not None
+        with pytest.raises(server_main.CannotListen, match="in use"):
+            server_main.run_server(None, None, "127.0.0.1", port, "error")
+        assert cli.main(["serve", "/ckpt", "--port", str(port), "--log-level", "error"]) == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert "engine" not in fake_engine_modules  # the engine was never built
+    assert server_main.listen_problem("127.0.0.1", port) is None
