@@ -242,3 +242,16 @@ def test_haproxy_config_routes_by_session_and_readiness():
     timeouts = dict(line.split()[1:3] for line in config if line.startswith("timeout "))
     assert timeouts["client"] == timeouts["server"] == "15m"
     assert not any(line.startswith("compression") for line in config)  # streams unbuffered
+
+
+@pytest.mark.parametrize("name", ["compose.yaml", "compose.replicas.yaml"])
+def test_compose_gives_the_drain_its_time_before_docker_kills(name: str) -> None:
+    # SIGTERM drains for up to shutdown_timeout; Docker's own default grace is 10 s.
+    from server.settings import ServerSettings
+
+    drain = ServerSettings.model_fields["shutdown_timeout"].default
+    compose = yaml.safe_load((DOCKER / name).read_text())
+    for service_name, service in compose["services"].items():
+        if service["image"].startswith("mtplx:"):
+            grace = service.get("stop_grace_period", "10s")
+            assert grace.endswith("s") and float(grace[:-1]) > drain, service_name
