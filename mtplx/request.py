@@ -23,8 +23,8 @@ MAX_DEPTH = 16
 # OpenAI's documented ranges; a value outside them is a client error, not something to clamp.
 _PENALTY_RANGE = (-2.0, 2.0)
 _LOGIT_BIAS_RANGE = (-100.0, 100.0)
-# Below this temperature, logits / T overflows float32 (the MLX path's dtype): NaN
-# probabilities. softmax(logits / T) is already the argmax there, so it samples greedily.
+# Below this temperature softmax((logits - max) / T) is the argmax to float32's precision
+# (the MLX path's dtype), so it samples greedily.
 _GREEDY_BELOW = 1e-30
 
 

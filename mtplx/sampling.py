@@ -32,6 +32,8 @@ import numpy as np
 from mtplx.errors import InvalidParameter
 from mtplx.request import SamplerConfig
 
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32
+
 __all__ = [
     "SamplerConfig",
     "SpeculativeDecision",
@@ -76,6 +78,8 @@ def apply_penalties(
             penalised = np.where(
                 logits > 0, logits / config.repetition_penalty, logits * config.repetition_penalty
             )
+            # Kept within float32's finite range, as the MLX twin computes in float32.
+            penalised = np.clip(np.nan_to_num(penalised), -FLOAT32_MAX, FLOAT32_MAX)
             logits = np.where(seen, penalised, logits)
         logits = logits - config.frequency_penalty * counts - config.presence_penalty * seen
     for token_id, bias in config.logit_bias.items():
@@ -143,8 +147,9 @@ def distribution_from_logits(
         one_hot = np.zeros_like(logits)
         np.put_along_axis(one_hot, np.argmax(logits, axis=-1)[..., None], 1.0, axis=-1)
         return one_hot
-    scaled = logits / config.temperature
-    scaled = scaled - scaled.max(axis=-1, keepdims=True)
+    # The largest logit is subtracted before dividing by T: (logits - max) / T <= 0, 0 at
+    # the max, so a small T or large logits overflow to -inf (probability 0), never to NaN.
+    scaled = (logits - logits.max(axis=-1, keepdims=True)) / config.temperature
     probs = np.exp(scaled)
     probs /= probs.sum(axis=-1, keepdims=True)
     return apply_top_p_top_k(probs, config.top_p, config.top_k, config.min_p)
@@ -284,6 +289,8 @@ def mx_apply_penalties(
             penalised = mx.where(
                 logits > 0, logits / config.repetition_penalty, logits * config.repetition_penalty
             )
+            # A penalty far from 1 overflows float32 (or 0 * inf: NaN): finite, as the twin.
+            penalised = mx.nan_to_num(penalised)  # inf -> float32's largest, NaN -> 0
             logits = mx.where(seen, penalised, logits)
         logits = logits - config.frequency_penalty * counts - config.presence_penalty * seen
     if config.logit_bias:
@@ -351,7 +358,9 @@ def mx_distribution_from_logits(
     if config.is_greedy:
         vocab_ids = mx.arange(logits.shape[-1])
         return (vocab_ids == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
-    probs = mx.softmax(logits / config.temperature, axis=-1, precise=True)
+    # As the twin: (logits - max) / T is <= 0, never NaN however small T or large a logit.
+    shifted = logits - mx.max(logits, axis=-1, keepdims=True)
+    probs = mx.softmax(shifted / config.temperature, axis=-1, precise=True)
     return mx_apply_top_p_top_k(probs, config.top_p, config.top_k, config.min_p)
 
 

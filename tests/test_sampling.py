@@ -523,3 +523,38 @@ def test_sampler_config_is_frozen() -> None:
         config.temperature = 0.5  # type: ignore[misc]
     with pytest.raises(TypeError):
         config.logit_bias[2] = 1.0  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplerConfig(temperature=0.7, repetition_penalty=1e-300),  # 0 in float32: x / 0
+        SamplerConfig(temperature=0.7, repetition_penalty=1e300),  # inf in float32: 0 * inf
+        SamplerConfig(temperature=1e-29, repetition_penalty=1e-30),  # overflows through T
+        SamplerConfig(temperature=1e-29, top_p=0.5),  # logits / T past float32's range
+        SamplerConfig(temperature=0.0, repetition_penalty=1e300),  # greedy past the overflow
+    ],
+    ids=["penalty-to-zero", "penalty-to-inf", "penalty-and-tiny-T", "tiny-T", "greedy"],
+)
+def test_extreme_penalties_and_temperatures_give_the_references_distribution(
+    config: SamplerConfig,
+) -> None:
+    # Seen tokens with positive, zero and negative logits, all-negative rows, ties: every
+    # row a distribution (no NaN), the same support and probabilities as the float64
+    # reference, which keeps its penalised logits within float32's range as well. (Values
+    # that underflow float32 but not float64, e.g. -1e-300, are not in greedy rows here:
+    # there the twins' dtypes themselves differ.)
+    logits = np.array(
+        [
+            [3.0, 2.5, 0.0, -1.0, 2.5, -4.0],
+            [-3.0, -2.5, -7.0, -1.0, -2.0, -4.0],
+            [0.0, 0.0, 1.0, 1.0, -1.0, 5.0],
+        ],
+        np.float32,
+    )
+    counts = np.array([[1, 1, 1, 1, 0, 0], [1, 0, 1, 1, 0, 0], [1, 1, 0, 1, 0, 1]])
+    expected = distribution_from_logits(logits, config, counts)
+    actual = np.array(mx_distribution_from_logits(mx.array(logits), config, mx.array(counts)))
+    assert np.isfinite(actual).all() and np.allclose(actual.sum(axis=-1), 1.0)
+    assert (_support_mask(actual) == _support_mask(expected)).all()
+    np.testing.assert_allclose(actual, expected, rtol=2e-5, atol=1e-7)
