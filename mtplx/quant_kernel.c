@@ -361,10 +361,13 @@ static inline __attribute__((always_inline)) void columns_bits(const qmm_t *p, c
     free(panel);
 }
 
-static void columns_int8(const qmm_t *p, int n0, int n1);
+static void columns_int8(const qmm_t *p, int n0, int n1, int down);
 
-static void columns(const qmm_t *p, int n0, int n1) {
-    if (p->int8) columns_int8(p, n0, n1);
+/* Columns n0..n1 of the product, all rows; down: the integer-dot mode walks them from n1
+ * down (a helper taking chunks from the far end, see take_chunks). The order of the columns
+ * changes no element's arithmetic. */
+static void columns(const qmm_t *p, int n0, int n1, int down) {
+    if (p->int8) columns_int8(p, n0, n1, down);
     else if (p->bits == 4) columns_bits(p, 4, n0, n1);
     else columns_bits(p, 8, n0, n1);
 }
@@ -392,7 +395,14 @@ static int shared_grain, shared_rows;
 /* A product's chunks: the first shared_whole are CHUNK_COLS wide, the rest half that (a
  * prompt chunk's last columns in halves, so the threads finish together). */
 static int shared_whole;
-static atomic_ulong ticket; /* serial << 32 | chunks << 16 | next chunk */
+/* serial << 32 | end << 16 | next: chunks next .. end - 1 are left. The calling thread takes
+ * them from the front (next), helpers, in a product of few rows, from the back (end): each
+ * thread then streams one contiguous run of weights, ascending or descending, which its
+ * prefetches (tile_int8) can run ahead in, and the two meet wherever their speeds put the
+ * meeting, as a shared queue from one end would balance them. */
+static atomic_ulong ticket;
+/* Whether helpers take chunks from the back (a product of few rows, no chunk in halves). */
+static int shared_from_back;
 static atomic_int busy_helpers;
 static atomic_ulong split_calls;
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -407,12 +417,16 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static void take_chunks(void) {
+/* Takes chunks of the current call until none is left: from the front, or from the back
+ * (back: a helper where shared_from_back is set). */
+static void take_chunks(int back) {
     unsigned long t = atomic_load_explicit(&ticket, memory_order_acquire);
     for (;;) {
-        unsigned long count = (t >> 16) & 0xffff, next = t & 0xffff;
-        if (next >= count) return;
-        if (!atomic_compare_exchange_weak_explicit(&ticket, &t, t + 1, memory_order_acq_rel,
+        const unsigned long end = (t >> 16) & 0xffff, first = t & 0xffff;
+        if (first >= end) return;
+        const unsigned long next = back ? end - 1 : first;
+        const unsigned long taken = back ? t - (1UL << 16) : t + 1;
+        if (!atomic_compare_exchange_weak_explicit(&ticket, &t, taken, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue;
         if (shared_fn) {
@@ -422,7 +436,7 @@ static void take_chunks(void) {
             const int whole = shared_whole, i = (int)next;
             const int n0 = i < whole ? i * CHUNK_COLS : whole * CHUNK_COLS + (i - whole) * HALF_COLS;
             const int n1 = n0 + (i < whole ? CHUNK_COLS : HALF_COLS);
-            columns(&shared, n0, n1 < shared.N ? n1 : shared.N);
+            columns(&shared, n0, n1 < shared.N ? n1 : shared.N, back);
         }
         t = atomic_load_explicit(&ticket, memory_order_acquire);
     }
@@ -446,7 +460,7 @@ static void *helper_main(void *arg) {
         }
         serial = atomic_load(&ticket) >> 32;
         atomic_fetch_add(&busy_helpers, 1);
-        take_chunks();
+        take_chunks(shared_from_back);
         atomic_fetch_sub(&busy_helpers, 1);
     }
     return NULL;
@@ -482,7 +496,7 @@ static void split(long chunks) {
                           memory_order_release);
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&wake_lock);
-    take_chunks();
+    take_chunks(0);
     /* Every chunk is taken; wait for the helpers still computing theirs. Spin briefly, then
      * yield: on a loaded machine a descheduled helper would otherwise cost the caller's
      * whole time slice in spins. */
@@ -498,11 +512,12 @@ static void run(const qmm_t *p) {
     long chunks = ((long)p->N + CHUNK_COLS - 1) / CHUNK_COLS;
     if (threads_wanted <= 1 || work < MIN_PARALLEL_WORK || chunks < 2 || chunks > 0xffff ||
         pthread_mutex_trylock(&call_lock) != 0) {
-        columns(p, 0, p->N);
+        columns(p, 0, p->N, 0);
         return;
     }
     shared = *p;
     shared_fn = NULL;
+    shared_from_back = p->M <= TILE_ROWS;
     shared_whole = (int)chunks;
     /* Many rows (a prompt chunk): a chunk takes long, and chunks that do not divide between
      * the threads leave all but one waiting for the last (9 chunks on 2 threads: 5 against
@@ -531,6 +546,7 @@ void mtplx_parallel_rows(void (*fn)(void *ctx, int lo, int hi), void *ctx, int r
         return;
     }
     shared_fn = fn;
+    shared_from_back = 0;
     shared_ctx = ctx;
     shared_grain = grain;
     shared_rows = rows;
@@ -996,8 +1012,19 @@ static inline __attribute__((always_inline)) v16f bias_chunk(const qmm_t *p, int
 #define I8_COLS_1 1
 #define I8_COLS 1
 #endif
+/* Prefetching the weights, I8_AHEAD columns ahead of the column being read. A product whose
+ * weights reach I8_FAR_BYTES (an LM head: tens of MB, one long stream from memory)
+ * prefetches into L2 (prefetcht2): an L1 prefetch holds one of the core's few L1 miss
+ * buffers until its line arrives, which caps the weights in flight well below what memory
+ * delivers, and the L2 tracks many more. Smaller products (a layer's, a few hundred KB) come
+ * out faster prefetching into L1: their stream is short, and what an L2 prefetch gains in
+ * flight it loses moving each line on to L1. Either way every element's arithmetic is the
+ * same. */
 #ifndef I8_AHEAD
-#define I8_AHEAD 8 /* columns ahead to prefetch */
+#define I8_AHEAD 8
+#endif
+#ifndef I8_FAR_BYTES
+#define I8_FAR_BYTES (2L << 20)
 #endif
 #define I8_MAXC (I8_COLS_1 > I8_COLS ? I8_COLS_1 : I8_COLS)
 
@@ -1005,7 +1032,8 @@ static inline __attribute__((always_inline)) v16f bias_chunk(const qmm_t *p, int
  * are; they only decide which loads and unpackings are shared. */
 static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int m0, const int R,
                                                              int n0, const int C, const int bits,
-                                                             const int group) {
+                                                             const int group, const long ahead,
+                                                             const int far) {
     const int E = TERM(bits);
     const long row_bytes = (long)p->K * bits / 8, term_bytes = (long)E * bits / 8;
     v16f acc[I8_ROWS][I8_MAXC];
@@ -1019,11 +1047,13 @@ static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int 
         v16f sc[I8_MAXC];
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
-            /* The weights a few tiles on: a row's weights are a few hundred bytes, too short
-             * a stream for the hardware prefetcher to find at one row a call. */
-            if (n0 + c + I8_AHEAD < p->N) {
-                const long ahead = n0 + c + I8_AHEAD;
-                __builtin_prefetch(p->w + ahead * row_bytes + t * term_bytes);
+            /* The weights `ahead` columns on (negative: walking down): a row's weights are
+             * a few hundred bytes, too short a stream for the hardware prefetcher to find at
+             * one row a call, and it stops at page boundaries. */
+            const long next = n0 + c + ahead;
+            if (next >= 0 && next < p->N) {
+                if (far) __builtin_prefetch(p->w + next * row_bytes + t * term_bytes, 0, 1);
+                else __builtin_prefetch(p->w + next * row_bytes + t * term_bytes, 0, 3);
             }
             u[c] = unpack_term(p->w + (long)(n0 + c) * row_bytes + t * term_bytes, bits, avail);
             sc[c] = term_params(p, p->scales, n0 + c, t, bits, group);
@@ -1056,18 +1086,30 @@ static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int 
         for (int c = 0; c < C; c++) p->y[(long)(m0 + r) * p->N + n0 + c] = reduce16(acc[r][c]);
 }
 
+/* down: the tiles from n1 down, prefetching below them (a helper's chunks, see take_chunks). */
 #define I8_ROW_TILE(R, CR)                                                                   \
     do {                                                                                     \
-        int n = n0;                                                                          \
-        for (; n + (CR) <= n1; n += (CR)) tile_int8(p, m, R, n, CR, bits, group);            \
-        for (; n < n1; n++) tile_int8(p, m, R, n, 1, bits, group);                           \
+        if (down) {                                                                          \
+            int n = n1;                                                                      \
+            for (; n - (CR) >= n0; n -= (CR))                                                \
+                tile_int8(p, m, R, n - (CR), CR, bits, group, -ahead, far);                  \
+            for (; n > n0; n--) tile_int8(p, m, R, n - 1, 1, bits, group, -ahead, far);      \
+        } else {                                                                             \
+            int n = n0;                                                                      \
+            for (; n + (CR) <= n1; n += (CR)) tile_int8(p, m, R, n, CR, bits, group, ahead, far); \
+            for (; n < n1; n++) tile_int8(p, m, R, n, 1, bits, group, ahead, far);           \
+        }                                                                                    \
     } while (0)
 
 /* Columns n0..n1, all rows: row tiles outer (a tile's x8 rows stay in L1 while it passes
  * over the columns' weights, which stay in L1 / L2 for the next row tile). */
 static inline __attribute__((always_inline)) void columns_int8_kind(const qmm_t *p, int n0,
-                                                                   int n1, const int bits,
+                                                                   int n1, const int down,
+                                                                   const int bits,
                                                                    const int group) {
+    const long row_bytes = (long)p->K * bits / 8;
+    const int far = (long)p->N * row_bytes >= I8_FAR_BYTES;
+    const long ahead = I8_AHEAD;
     if (p->M == 1) {
         const int m = 0;
         I8_ROW_TILE(1, I8_COLS_1);
@@ -1099,14 +1141,14 @@ static inline __attribute__((always_inline)) void columns_int8_kind(const qmm_t 
 }
 
 /* Columns n0..n1, all rows, in the integer-dot mode: one specialised copy per kind. */
-static void columns_int8(const qmm_t *p, int n0, int n1) {
+static void columns_int8(const qmm_t *p, int n0, int n1, int down) {
     switch (p->bits * 1000 + p->group) {
-    case 4032: columns_int8_kind(p, n0, n1, 4, 32); return;
-    case 4064: columns_int8_kind(p, n0, n1, 4, 64); return;
-    case 4128: columns_int8_kind(p, n0, n1, 4, 128); return;
-    case 8032: columns_int8_kind(p, n0, n1, 8, 32); return;
-    case 8064: columns_int8_kind(p, n0, n1, 8, 64); return;
-    default: columns_int8_kind(p, n0, n1, 8, 128); return;
+    case 4032: columns_int8_kind(p, n0, n1, down, 4, 32); return;
+    case 4064: columns_int8_kind(p, n0, n1, down, 4, 64); return;
+    case 4128: columns_int8_kind(p, n0, n1, down, 4, 128); return;
+    case 8032: columns_int8_kind(p, n0, n1, down, 8, 32); return;
+    case 8064: columns_int8_kind(p, n0, n1, down, 8, 64); return;
+    default: columns_int8_kind(p, n0, n1, down, 8, 128); return;
     }
 }
 

@@ -482,6 +482,31 @@ def test_int8_mode_partial_last_term_over_rows_and_threads(bits: int, group: int
         quant.set_threads(before)
 
 
+@pytest.mark.parametrize(("bits", "n"), [(8, 4005), (4, 589)])
+def test_int8_mode_few_rows_split_from_both_ends(bits: int, n: int) -> None:
+    """A product of up to 4 rows is split with the calling thread taking column chunks from
+    the front and helpers from the back, walking theirs downwards; an LM-head-sized weight
+    (8-bit, over 2 MB) also prefetches differently. Column counts leave a partial last chunk
+    and a partial last tile: every thread count gives the twin's bits."""
+    rng = np.random.default_rng(n)
+    packed, scales, biases = _weights(rng, n, 576, bits, 32, half=True)
+    ext = quant.load_extension()
+    before = ext.threads()
+    try:
+        for threads in (1, 2, 3):
+            quant.set_threads(threads)
+            # New rows each time: an output buffer MLX recycles holds another call's values.
+            x = rng.standard_normal((4, 576)).astype(np.float32)
+            twin = _int8_reference(x, packed, scales, biases, bits, 32)
+            for rows in (1, 2, 3, 4):
+                splits = ext.split_calls()
+                y = _int8(x[:rows], packed, scales, biases, bits, 32)
+                assert ext.split_calls() > splits or threads == 1
+                np.testing.assert_array_equal(y, twin[:rows])
+    finally:
+        quant.set_threads(before)
+
+
 def test_int8_mode_in_lazy_graphs_and_bad_modes() -> None:
     rng = np.random.default_rng(6)
     packed, scales, biases = _weights(rng, 40, 256, 4, 64)
