@@ -1,7 +1,5 @@
 """``python -m mtplx``: the ``mtplx`` command."""
 
-import sys
+from mtplx.cli import run
 
-from mtplx.cli import main
-
-sys.exit(main())
+run()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from mtplx import commands as run_commands
 from mtplx.bench import cli as bench_commands
@@ -108,5 +110,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run() -> NoReturn:
+    """The ``mtplx`` process (its console script, ``python -m mtplx``): ``main``, then exit.
+
+    ``mtplx serve`` ends with ``os._exit`` once its output is flushed: by then the server has
+    drained its requests and stopped its engine, and an interpreter shutdown would only tear
+    down native threads (MLX's, the kernels' helpers, a model still loading on a daemon
+    thread), which can abort a cleanly stopped server ("terminate called without an active
+    exception", status -6)."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv[:1] != ["serve"]:
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
