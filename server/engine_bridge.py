@@ -282,7 +282,8 @@ class EngineBridge:
         """End every ticket with ``ShuttingDown`` now (waiting and running: a step can run
         for seconds, and a reader left waiting for it past uvicorn's graceful shutdown is
         cut without its error event), stop the running ones' rows at the next step, join
-        the thread. Safe from any thread."""
+        the thread (unless the model is still loading: a load cannot be interrupted). Safe
+        from any thread."""
         with self._cond:
             self._stopping = True
             pending, self._pending = list(self._pending), collections.deque()
@@ -294,7 +295,9 @@ class EngineBridge:
             # The worker's own ShuttingDown for a running ticket comes later, to a reader
             # that has ended (an error ends the iteration).
             ticket._deliver(ShuttingDown())
-        if self._thread is not None:
+        # A model still loading cannot be interrupted: its thread (a daemon) sees the stop
+        # once loaded; waiting for it would hold a stopping server for the whole load.
+        if self._thread is not None and self._engine is not None:
             self._thread.join(timeout)
         if self.failure is None:
             self._state = "stopped"
@@ -486,7 +489,9 @@ class EngineBridge:
             self._ready.set()
             return
         self._engine = engine
-        self._state = "ready"
+        with self._cond:
+            if not self._stopping:  # stopped while loading: "stopped" stays
+                self._state = "ready"
         self._ready.set()
         while self._admit(engine):
             self._drop_finished_tickets(engine)

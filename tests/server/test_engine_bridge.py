@@ -477,3 +477,27 @@ def test_retry_after_counts_the_batches_the_waiting_tickets_need():
 
     asyncio.run(main())
     sched.stop()
+
+
+def test_stop_while_the_model_loads_does_not_wait_for_the_load():
+    """A stopping server (SIGTERM, `docker stop`) is not held for a load it cannot interrupt:
+    stop returns while the factory still runs, and the loaded engine then serves nothing."""
+    loading, release, loaded = threading.Event(), threading.Event(), threading.Event()
+
+    def factory():
+        loading.set()
+        release.wait(20)  # a stop that waited for the load would return only after this
+        loaded.set()
+        return FakeEngine(max_num_seqs=1)
+
+    sched = EngineBridge(factory)
+    sched.start()
+    assert loading.wait(10)
+    sched.stop(timeout=30)
+    stopped_while_loading = not loaded.is_set()
+    release.set()
+    assert stopped_while_loading
+    assert sched._thread is not None
+    sched._thread.join(10)
+    assert not sched._thread.is_alive()
+    assert not sched.wait_ready(0)  # stopped while loading stays stopped
