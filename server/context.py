@@ -10,7 +10,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from server.engine_bridge import EngineBridge, EngineLike, ShuttingDown
+from server.bridge_errors import ShuttingDown
+from server.engine_bridge import EngineBridge, EngineLike
 from server.errors import APIError
 from server.metrics import ServerMetrics
 from server.reasoning import ReasoningParser, reasoning_parser

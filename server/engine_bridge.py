@@ -24,25 +24,22 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mtplx.grammar import grammar_thread
 from mtplx.prefix_cache import PrefixCacheStats
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
+from server.bridge_errors import (
+    EngineNotReady,
+    GenerationFailed,
+    QueueFull,
+    RequestTimeout,
+    ShuttingDown,
+)
+from server.ticket import _END, Ticket
 
-__all__ = [
-    "BridgeError",
-    "BridgeStats",
-    "EngineBridge",
-    "EngineLike",
-    "EngineNotReady",
-    "GenerationFailed",
-    "QueueFull",
-    "RequestTimeout",
-    "ShuttingDown",
-    "Ticket",
-]
+__all__ = ["BridgeStats", "EngineBridge", "EngineLike"]
 
 log = logging.getLogger(__name__)
 
@@ -82,46 +79,6 @@ class EngineLike(Protocol):
     def token_text(self, token_id: int) -> str: ...
 
 
-class BridgeError(Exception):
-    """Base of the errors a ticket can raise on the asyncio side."""
-
-
-class QueueFull(BridgeError):
-    """The waiting queue is at capacity; ``retry_after`` is a hint in whole seconds."""
-
-    def __init__(self, depth: int, retry_after: int) -> None:
-        super().__init__(f"the request queue is full ({depth} waiting); retry later")
-        self.retry_after = retry_after
-
-
-class EngineNotReady(BridgeError):
-    """The engine is still loading, failed to load, or the bridge has stopped."""
-
-    def __init__(self, message: str, retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class ShuttingDown(EngineNotReady):
-    """The server is draining or stopped: no new work, running work ends."""
-
-    def __init__(self) -> None:
-        super().__init__("the server is shutting down")
-
-
-class RequestTimeout(BridgeError):
-    """The ticket ran past its deadline (waiting plus generating)."""
-
-
-class GenerationFailed(BridgeError):
-    """``engine.generate`` raised; the original exception is ``__cause__``."""
-
-    def __init__(self, index: int, error: BaseException) -> None:
-        super().__init__(f"generation failed: {type(error).__name__}: {error}")
-        self.index = index
-        self.error = error
-
-
 @dataclass(frozen=True)
 class BridgeStats:
     """A snapshot for /health and /metrics."""
@@ -134,83 +91,6 @@ class BridgeStats:
     completed: int
     failed: int
     cancelled: int
-
-
-_END = object()  # sentinel: the worker is done with a ticket
-
-
-@dataclass(eq=False)
-class Ticket:
-    """One submitted HTTP request. Iterate it (``async for index, event in ticket``) on the
-    loop that submitted it; use it as an async context manager so leaving early cancels it.
-
-    Raises ``RequestTimeout`` or ``GenerationFailed`` from iteration.
-    """
-
-    requests: tuple[GenerationRequest, ...]
-    deadline: float
-    _loop: asyncio.AbstractEventLoop
-    _bridge: EngineBridge
-    _events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
-    _cancelled: threading.Event = field(default_factory=threading.Event)
-    _done: bool = False
-    # Worker-thread state: the next request to admit, the rows in the batch, and how many
-    # requests have not finished yet.
-    _next: int = 0
-    _rows: list[Any] = field(default_factory=list)
-    _unfinished: int = -1
-    _started: float = 0.0
-    # Events handed to the loop (worker thread) and read (loop): each counter has one writer.
-    _sent: int = 0
-    _read: int = 0
-
-    def __aiter__(self) -> Ticket:
-        return self
-
-    async def __anext__(self) -> tuple[int, Event]:
-        if self._done:
-            raise StopAsyncIteration
-        remaining = self.deadline - time.monotonic()
-        try:
-            item = await asyncio.wait_for(self._events.get(), timeout=max(remaining, 0.0))
-        except asyncio.TimeoutError:
-            self.cancel()
-            raise RequestTimeout("the request timed out") from None
-        self._read += 1
-        if item is _END:
-            self._done = True
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        return item
-
-    def cancel(self) -> None:
-        """Stop this ticket: dequeue it, or have the worker close its generator."""
-        if not self._cancelled.is_set():
-            self._cancelled.set()
-            self._bridge._forget(self)
-        self._done = True
-
-    @property
-    def cancelled(self) -> bool:
-        """True once cancelled (by the client side or a timeout)."""
-        return self._cancelled.is_set()
-
-    async def __aenter__(self) -> Ticket:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        if not self._done:
-            self.cancel()
-
-    def _deliver(self, item: Any) -> None:
-        """Called on the worker thread: hand one item to the asyncio side."""
-        self._sent += 1
-        try:
-            self._loop.call_soon_threadsafe(self._events.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            self._cancelled.set()
 
 
 class EngineBridge:
@@ -286,12 +166,12 @@ class EngineBridge:
         from any thread."""
         with self._cond:
             self._stopping = True
-            pending, self._pending = list(self._pending), collections.deque()
-            active = list(self._active)
-            for ticket in active:
+            tickets = self._every_ticket()
+            self._pending = collections.deque()
+            for ticket in self._active:
                 ticket._cancelled.set()
             self._cond.notify_all()
-        for ticket in pending + [t for t in active if t not in pending]:
+        for ticket in tickets:
             # The worker's own ShuttingDown for a running ticket comes later, to a reader
             # that has ended (an error ends the iteration).
             ticket._deliver(ShuttingDown())
@@ -330,7 +210,7 @@ class EngineBridge:
             self.failure = error
             self._state = "failed"
             self._stopping = True
-            tickets = list(self._active) + [t for t in self._pending if t not in self._active]
+            tickets = self._every_ticket()
             self._active.clear()
             self._pending.clear()
             self._failed += len(tickets)
@@ -467,6 +347,12 @@ class EngineBridge:
         if self._state in ("stopped", "draining") or self._stopping or self._draining:
             return ShuttingDown()
         return EngineNotReady("the model is loading", retry_after=5)
+
+    def _every_ticket(self) -> list[Ticket]:
+        """The running tickets, then the waiting ones not yet running, each once (a ticket
+        with rows in the batch stays queued until its last request is admitted). The
+        caller holds ``_cond``."""
+        return list(self._active) + [t for t in self._pending if t not in self._active]
 
     def _forget(self, ticket: Ticket) -> None:
         """A cancelled ticket that has not started leaves the queue at once, so queue depth

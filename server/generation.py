@@ -20,17 +20,17 @@ from mtplx.request import (
     PromptLogprob,
     TokenEvent,
 )
-from server.engine_bridge import (
+from server.bridge_errors import (
     BridgeError,
-    EngineBridge,
     EngineNotReady,
     GenerationFailed,
     QueueFull,
     RequestTimeout,
     ShuttingDown,
-    Ticket,
 )
+from server.engine_bridge import EngineBridge
 from server.errors import APIError, from_value_error
+from server.ticket import Ticket
 
 __all__ = [
     "ChoiceResult",

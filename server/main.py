@@ -79,8 +79,9 @@ def serve(args: argparse.Namespace) -> int:
         return 2
 
     from server.app import create_app
+    from server.bridge_errors import EngineNotReady
     from server.connections import ConnectionLimits
-    from server.engine_bridge import EngineBridge, EngineNotReady
+    from server.engine_bridge import EngineBridge
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     pipeline = None

@@ -15,9 +15,10 @@ from typing import Any, Protocol
 from sse_starlette import EventSourceResponse
 
 from mtplx.request import FinishEvent, GenerationStats, TokenEvent
-from server.engine_bridge import BridgeError, Ticket
+from server.bridge_errors import BridgeError
 from server.errors import APIError
 from server.generation import error_for, speculative_summary, usage
+from server.ticket import Ticket
 
 __all__ = [
     "DONE",

@@ -14,8 +14,8 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 
 from mtplx.request import GenerationStats
+from server.bridge_errors import BridgeError
 from server.context import AppContext
-from server.engine_bridge import BridgeError, Ticket
 from server.errors import APIError
 from server.generation import (
     ChoiceResult,
@@ -44,6 +44,7 @@ from server.streaming import (
     sse_response,
     stream_events,
 )
+from server.ticket import Ticket
 from server.tools import ToolPlan, call_style, plan_tools, render_conversation, reply_grammar
 
 __all__ = ["chat_prompt_for", "new_id", "respond", "start_chat"]

@@ -11,13 +11,8 @@ import pytest
 
 from mtplx.request import FinishEvent, GenerationRequest
 from mtplx.sampling import SamplerConfig
-from server.engine_bridge import (
-    EngineBridge,
-    EngineNotReady,
-    GenerationFailed,
-    QueueFull,
-    RequestTimeout,
-)
+from server.bridge_errors import EngineNotReady, GenerationFailed, QueueFull, RequestTimeout
+from server.engine_bridge import EngineBridge
 from tests.fake_engine import FakeEngine
 
 
