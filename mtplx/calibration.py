@@ -8,7 +8,9 @@ spell of the machine (a shared host's is +-15%) weighs on all depths alike; medi
 rounds. A drafting step's cost is a line in k fitted through its depths (intercept: the
 extra of a step that must read its verdicts; slope: one more verified token per row):
 noise in one depth can then neither make it look cheaper than a shallower one nor make a
-deeper one look free. Each model drafter's proposing time is timed directly, alone.
+deeper one look free. A model drafter's cost is timed as the engine runs its cycles: steady
+steps of one row drafting from it at each depth against its plain steps, in the same rounds;
+what the cost model already charges for verifying the drafts comes off.
 
 The result is cached per model, machine and code version under ``$MTPLX_HOME/calibration``,
 so a restart loads it instead of measuring again. A calibration is only as good as the quiet
@@ -59,8 +61,8 @@ class Engine(Protocol):
     max_adaptive_depth: int
     available_drafters: tuple[str, ...]
     running: list[Sequence]
-    time_drafts: bool
-    last_draft_seconds: float
+
+    def priced(self, costs: StepCosts) -> StepCosts: ...
 
     def add(self, request: GenerationRequest, tag: object = None) -> Sequence: ...
 
@@ -69,7 +71,7 @@ class Engine(Protocol):
     def step(self) -> list[tuple[Sequence, Any]]: ...
 
 
-CALIBRATION_VERSION = 2  # bump when what is measured changes
+CALIBRATION_VERSION = 3  # bump when what is measured changes
 BATCH_SIZES = (1, 4, 8, 16)
 DEPTHS = (1, 2, 4)
 MODEL_DRAFTERS = ("mtp", "draft_model")
@@ -153,25 +155,24 @@ def time_steps(engine: Engine, batch_size: int, depths: tuple[int, ...], rounds:
 
 
 def time_drafting(engine: Engine, drafter: str, depths: tuple[int, ...], rounds: int = 3):
-    """{depth: median seconds} one row spends proposing ``depth`` tokens from ``drafter``."""
-    (row,) = _scratch_rows(engine, 1, drafter)
-    engine.time_drafts = True
+    """{depth: median seconds} one row drafting ``depth`` tokens from ``drafter`` adds to its
+    plain step, as the engine runs the cycle (proposing, verifying, committing; one step
+    ahead where the drafter pipelines): steady steps of one scratch row at each depth and at
+    depth 0 in turn, every round, paired per round. Timing the proposing alone, synchronously,
+    would also time what the engine overlaps with the step before."""
+    rows = _scratch_rows(engine, 1, drafter)
     try:
-        seconds: dict[int, list[float]] = {k: [] for k in depths}
+        seconds: dict[int, list[float]] = {k: [] for k in (0, *depths)}
         for _ in range(rounds):
-            for depth in depths:
-                row.depth = depth
-                for _ in range(2):
-                    engine.step()
-                timings = []
-                for _ in range(2):
-                    engine.step()
-                    timings.append(engine.last_draft_seconds)
-                seconds[depth].append(statistics.median(timings))
-        return {k: statistics.median(v) for k, v in seconds.items()}
+            for depth in seconds:
+                seconds[depth].append(_timed_steps(engine, rows, depth))
+        return {
+            k: statistics.median(a - b for a, b in zip(seconds[k], seconds[0], strict=True))
+            for k in depths
+        }
     finally:
-        engine.time_drafts = False
-        engine.abort(row)
+        for row in rows:
+            engine.abort(row)
 
 
 def _line(depths: tuple[int, ...], seconds: list[float]) -> tuple[float, float]:
@@ -193,13 +194,19 @@ def calibrate(engine: Engine, rounds: int = 3) -> StepCosts:
         sync.append(max(intercept - seconds[0], 0.0))
         per_token.append(slope)
     costs = StepCosts(sizes, plain, per_token, sync=sync)
+    ahead = engine.priced(costs).ahead
     for name in MODEL_DRAFTERS:
         if name not in engine.available_drafters:
             continue
         seconds = time_drafting(engine, name, DEPTHS, rounds)
         intercept, slope = _line(DEPTHS, [seconds[k] for k in DEPTHS])
+        # What the cost model adds for verifying k drafts comes off the measured extra, so
+        # that a cycle's modelled cost (``StepCosts.drafting_time``) is what was measured;
+        # one more draft never costs less than one more verified token.
+        base = intercept - (0.0 if name in ahead else sync[0])
+        per_draft = max(slope - per_token[0], 0.0)
         costs.drafting[name] = [0.0] + [
-            max(intercept + slope * k, 0.0) for k in range(1, engine.max_adaptive_depth + 1)
+            max(base + per_draft * k, 0.0) for k in range(1, engine.max_adaptive_depth + 1)
         ]
     return costs
 

@@ -106,7 +106,7 @@ class Engine(Admission, Schedule, Runner, Postprocess):
         self.prefill_budget = max(prefill_budget, prefill_chunk_size)
         self.calibrated = costs is not None
         self._set_up_drafters(model, draft_model, default_drafter)
-        self.costs = self._priced(costs or DEFAULT_COSTS)
+        self.costs = self.priced(costs or DEFAULT_COSTS)
         self.default_depth = default_depth
         self.eos_token_ids = set(model.eos_token_ids) | set(
             getattr(self.tokenizer, "eos_token_ids", set()) or set()
@@ -120,9 +120,6 @@ class Engine(Admission, Schedule, Runner, Postprocess):
         self.num_rows_taken = 0  # rows handed out by ``add`` and not yet released
         self.num_steps = 0
         self.num_step_tokens = 0  # tokens committed by all steps, for /metrics
-        # Calibration times proposing on its own (``time_drafts``): the last step's, all rows.
-        self.time_drafts = False
-        self.last_draft_seconds = 0.0
 
     def _set_up_drafters(
         self, model: LoadedModel, draft_model: TargetModel | None, default: str | None
@@ -226,7 +223,7 @@ class Engine(Admission, Schedule, Runner, Postprocess):
         with, before the first request (``mtplx.calibration``)."""
         from mtplx.calibration import load_or_calibrate
 
-        self.costs = self._priced(load_or_calibrate(self))
+        self.costs = self.priced(load_or_calibrate(self))
         self.calibrated = True
         if self.prefix is not None:
             self.prefix.restart()  # calibration's own prompts: blocks and counts

@@ -62,8 +62,6 @@ class EngineState:
     num_rows_taken: int
     num_steps: int
     num_step_tokens: int
-    time_drafts: bool
-    last_draft_seconds: float
     _drafters: dict[str, Callable[[], Drafter | None]]
     _primer: int
 

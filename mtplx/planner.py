@@ -46,7 +46,8 @@ class StepCosts:
     ``batch_sizes[i]`` rows (queued one step ahead); ``sync[i]``: what a step costs more when
     any row drafts (it must read its verdict: nothing is queued ahead); ``per_token[i]``:
     what one more verified token of every row adds (a lookup draft, free to propose);
-    ``drafting[source][k]``: one row's time to propose k tokens from a model drafter.
+    ``drafting[source][k]``: what one row's cycle of k drafts from a model drafter costs beyond
+    the verifying that ``sync`` and ``per_token`` price (proposing, the drafter's commit).
     ``ahead``: the draft sources whose cycles run one step ahead (the engine's, not
     measured): they read no verdict before the next forward is built, so pay no ``sync``."""
 

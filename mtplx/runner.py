@@ -33,8 +33,6 @@ class Runner(EngineState):
     def _propose(self, batch: StepBatch, events: list[StepEvent]) -> None:
         """Every drafting row's drafter proposes (left lazy; evaluated ahead of the forward
         where that does not stall behind a queued cycle)."""
-        draft_started = time.perf_counter()
-        self.last_draft_seconds = 0.0
         rows: list[tuple[Sequence, int]] = []
         for group in (batch.drafting, batch.ahead):
             for sequence in list(group):
@@ -58,10 +56,7 @@ class Runner(EngineState):
                 batch.drafts[sequence] = draft
         if batch.drafts:
             proposals = [(d.tokens, d.qs) for d in batch.drafts.values()]
-            if self.time_drafts:
-                mx.eval(proposals)
-                self.last_draft_seconds = time.perf_counter() - draft_started
-            elif not any(s in self.in_flight.drafts for s in batch.ahead):
+            if not any(s in self.in_flight.drafts for s in batch.ahead):
                 # The drafters compute while the forward's graph is built on top of them. Not
                 # behind a queued cycle: MLX lets the host run only ~100 kernel dispatches
                 # ahead, so evaluating now would wait for that cycle to all but finish.

@@ -90,19 +90,17 @@ class Schedule(EngineState):
 
     def _pipelines(self, sequence: Sequence, plan: Plan) -> bool:
         """Whether the row's drafting cycle of ``plan`` runs one step ahead: from a model
-        drafter that takes lazy commits, over a target that trims lazily (not while
-        calibration times proposing alone: behind a queued cycle it would time that too)."""
+        drafter that takes lazy commits, over a target that trims lazily."""
         drafter = sequence.drafter
         return (
-            not self.time_drafts
-            and self.batched.trims_lazily
+            self.batched.trims_lazily
             and commits_lazily(sequence)
             and drafter is not None
             and plan.source != LOOKUP
             and plan.source in drafter.sources
         )
 
-    def _priced(self, costs: StepCosts) -> StepCosts:
+    def priced(self, costs: StepCosts) -> StepCosts:
         """``costs`` with the draft sources whose cycles run one step ahead here."""
         ahead = []
         if self.batched.trims_lazily:

@@ -59,10 +59,50 @@ def test_timed_steps_draft_every_row_at_full_depth(
     assert all(len(set(counts)) == 1 for counts in per_step if counts)
 
 
-def test_drafting_is_timed_per_depth(engine: Engine) -> None:
+def test_drafting_is_timed_as_the_engine_runs_the_cycles(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Proposing timed alone and synchronously once priced an MTP cycle at ~1.4x a plain step
+    # where the engine's own cycles (one step ahead) cost ~1.2x: the adaptive policy then
+    # kept to plain decoding where the head's drafts paid. Steps of a row drafting from the
+    # model drafter, at each depth and at depth 0, are what is timed now.
+    per_step: list[list[int]] = []
+    pipelined: list[bool] = []
+    step = engine.step
+
+    def recording_step():  # type: ignore[no-untyped-def]
+        before = {id(s): s.stats.num_draft_tokens for s in engine.running}
+        pipelined.append(any(engine.in_flight.drafts))
+        events = step()
+        per_step.append([s.stats.num_draft_tokens - before.get(id(s), 0) for s in engine.running])
+        return events
+
+    monkeypatch.setattr(engine, "step", recording_step)
     seconds = calibration.time_drafting(engine, "mtp", (1, 3), rounds=1)
-    assert set(seconds) == {1, 3} and all(s > 0 for s in seconds.values())
-    assert not engine.running and not engine.time_drafts  # requests draft asynchronously
+    assert set(seconds) == {1, 3}
+    assert not engine.running  # the scratch row is gone
+    assert {count for counts in per_step for count in counts} == {0, 1, 3}
+    assert any(pipelined)  # the cycles ran one step ahead, as a request's do
+
+
+def test_a_model_drafters_cost_is_what_its_cycles_add_beyond_verifying(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain, per_token = 0.010, 0.002
+    monkeypatch.setattr(
+        calibration,
+        "time_steps",
+        lambda engine, batch_size, depths, rounds: {k: plain + k * per_token for k in depths},
+    )
+    extra = {1: 0.004, 2: 0.007, 4: 0.013}  # the line 0.001 + 0.003 k
+    monkeypatch.setattr(calibration, "time_drafting", lambda e, name, depths, rounds: extra)
+    costs = engine.priced(calibrate(engine, rounds=1))
+    assert "mtp" in costs.ahead  # so no step synchronisation is charged on top
+    assert costs.drafting["mtp"] == pytest.approx([0.0, 0.002, 0.003, 0.004])
+    # the modelled cycle is the measured one
+    for k in (1, 2):
+        modelled = costs.row_costs("mtp", 1, 3)[k]
+        assert modelled == pytest.approx(plain + extra[k])
 
 
 def test_calibration_measures_every_batch_size_and_model_drafter(engine: Engine) -> None:
