@@ -505,6 +505,7 @@ class EngineBridge:
             self._ready.set()
             return
         self._engine = engine
+        self._publish_kv(engine)  # the idle engine's, before any request
         with self._cond:
             if not self._stopping:  # stopped while loading: "stopped" stays
                 self._state = "ready"

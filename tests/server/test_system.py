@@ -156,11 +156,13 @@ async def test_kv_gauge_in_health_and_metrics(make_app):
     engine.max_kv_bytes = 4 << 30  # type: ignore[attr-defined]
     app = make_app(engine)
     async with _client(app) as c:
-        # Published by the engine thread (after each admission and step).
-        assert (await c.post("/v1/chat/completions", json=chat_body(max_tokens=2))).is_success
+        # Published by the engine thread: once loaded, then after each admission and step.
         assert (await c.get("/health")).json()["kv"] == {"bytes": 3 << 20, "max_bytes": 4 << 30}
+        engine.kv_nbytes = 5 << 20  # type: ignore[attr-defined]
+        assert (await c.post("/v1/chat/completions", json=chat_body(max_tokens=2))).is_success
+        assert (await c.get("/health")).json()["kv"] == {"bytes": 5 << 20, "max_bytes": 4 << 30}
         text = (await c.get("/metrics")).text
-        assert "mtplx_kv_bytes 3.145728e+06" in text
+        assert "mtplx_kv_bytes 5.24288e+06" in text
         assert "mtplx_kv_max_bytes 4.294967296e+09" in text
         engine.max_kv_bytes = None  # type: ignore[attr-defined]
         assert (await c.post("/v1/chat/completions", json=chat_body(max_tokens=2))).is_success
