@@ -126,10 +126,11 @@ class Schedule(EngineState):
         at an empty context, less the decoding tokens (``mtplx.prefill_cost``: a chunk's
         attention grows with the context before it, so four prompts thousands of tokens
         deep feed fewer tokens than one short one). Each waiting prompt takes an equal
-        share of what is left, at most ``_prefill_piece`` tokens (whole fixed chunks where
-        the target's states depend on how a prompt is split: ``fixed_chunks``); at least
-        one token a step while any prompt waits, the waiting prompts taking turns first so
-        none starves. ``idle``: no stream decodes (a whole forward of prompt, by tokens)."""
+        share of what is left, oldest first, at most ``_prefill_piece`` tokens (whole fixed
+        chunks where the target's states depend on how a prompt is split: ``fixed_chunks``);
+        at least one token a step while any prompt waits: where no share buys a token, one
+        goes to each waiting prompt in turn. ``idle``: no stream decodes (a whole forward of
+        prompt, by tokens)."""
         rows = self.batched.max_packed_rows or self.prefill_budget  # 0: rows run alone
         budget: int | None = None  # the step's cost left, in attention keys (None: tokens bind)
         if idle:  # nothing decodes, nobody waits on the step: a whole forward of prompt
@@ -152,30 +153,25 @@ class Schedule(EngineState):
             )
             if budget is not None:
                 size = affordable_tokens(start, budget // left, self.keys_per_token, size)
-            if size <= 0 and not chunks:
-                size = 1  # one token a step whatever it costs: no prompt stalls
-            if size <= 0:
-                continue
-            chunks.append((sequence, sequence.tokens[start : start + size]))
-            tokens -= size
-            if budget is not None:
-                budget -= self._chunk_cost(sequence, size)
+                budget -= chunk_cost(start, size, self.keys_per_token)
+            if size > 0:
+                chunks.append((sequence, sequence.tokens[start : start + size]))
+                tokens -= size
+        if waiting and not chunks:  # one token a step whatever it costs, to each in turn
+            sequence = waiting[self.num_steps % len(waiting)]
+            start = sequence.num_prefilled
+            chunks.append((sequence, sequence.tokens[start : start + 1]))
         return chunks
 
     def _waiting_prompts(self) -> list[Sequence]:
-        """The prompts to feed, in the order they share the step: cached blocks reused
-        first, and a prompt whose next block another waiting prompt feeds now waits for it
-        (oldest first); then rotated by the step's number, so that where the budget feeds
-        fewer prompts than wait, each is first in turn."""
+        """The prompts to feed, oldest first: cached blocks reused first, and a prompt whose
+        next block an older waiting prompt feeds now waits for it."""
         waiting = [s for s in self.running if s.status is Status.PREFILLING]
         if self.prefix is not None:
             for sequence in waiting:
                 self.prefix.reuse(sequence)  # blocks other prompts have fed since
             waiting = [s for i, s in enumerate(waiting) if not self.prefix.fed_by(s, waiting[:i])]
-        if not waiting:
-            return waiting
-        turn = self.num_steps % len(waiting)
-        return waiting[turn:] + waiting[:turn]
+        return waiting
 
     def _chunk_cost(self, sequence: Sequence, size: int) -> int:
         """What feeding the prompt's next ``size`` tokens costs the step, in attention keys."""

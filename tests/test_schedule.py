@@ -107,15 +107,24 @@ def test_a_prompt_alone_feeds_a_whole_forward_whatever_its_depth() -> None:
     assert [len(c) for _, c in chunks] == [96, 96, 96, 96]
 
 
-def test_fixed_chunks_beside_streams_fit_the_cost_and_take_turns() -> None:
-    # A target whose states depend on the split: whole chunks of 32, those whose cost fits
-    # (the first one always); two chunks 4,000 deep cost more than 125 tokens at 0, one and
-    # a short prompt's 20 tokens do not.
+def test_fixed_chunks_beside_streams_fit_the_cost() -> None:
+    # A target whose states depend on the split: whole chunks of 32, oldest first, those
+    # whose cost fits (the oldest one always); two chunks 4,000 deep cost more than 125
+    # tokens at an empty context, one and a short prompt's 20 tokens do not.
     prompts = [_prompt(5000, 4000), _prompt(5000, 4000), _prompt(20, 0)]
     schedule = _schedule(prompts, resumes_anywhere=False)
     chunks = schedule._prefill_chunks(num_decode_tokens=3)
     assert [(prompts.index(s), len(c)) for s, c in chunks] == [(0, 32), (2, 20)]
     assert _cost(chunks) <= (BESIDE_STREAMS_TOKENS - 3) * KEYS_PER_TOKEN
-    chunks = _schedule(prompts, resumes_anywhere=False, step=1)._prefill_chunks(3)
-    assert [prompts.index(s) for s, _ in chunks] == [1, 2]
+    prompts[0].num_prefilled = 60_000  # however deep, the oldest prompt's chunk goes
+    prompts[0].tokens = prompts[0].tokens * 13
+    prompts[0].num_prompt_tokens = len(prompts[0].tokens)
+    assert [prompts.index(s) for s, _ in schedule._prefill_chunks(3)] == [0]
     assert [prompts.index(s) for s, _ in schedule._prefill_chunks(0, idle=True)] == [0, 1, 2]
+
+
+def test_a_short_remainder_leaves_its_share_to_the_prompts_behind_it() -> None:
+    # Oldest first: what a prompt near its end does not take goes to the later ones.
+    prompts = [_prompt(5003, 5000), _prompt(5000, 0), _prompt(5000, 0)]
+    chunks = _schedule(prompts)._prefill_chunks(0, idle=True)
+    assert [len(c) for _, c in chunks] == [3, 190, 191]
