@@ -107,9 +107,7 @@ class Engine(Admission, Schedule, Runner, Postprocess):
         self.max_kv_bytes = max_kv_bytes
         self.prefill_chunk_size = prefill_chunk_size
         self.prefill_budget = max(prefill_budget, prefill_chunk_size)
-        # What a prompt token's products cost against its attention: the prompts' budget
-        # beside decoding streams is in cost (``mtplx.prefill_cost``).
-        self.keys_per_token = keys_per_token(model.config)
+        self.keys_per_token = keys_per_token(model.config)  # prompts' cost: mtplx.prefill_cost
         self.calibrated = costs is not None
         self._set_up_drafters(model, draft_model, default_drafter)
         self.costs = self._priced(costs or DEFAULT_COSTS)
