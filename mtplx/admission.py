@@ -1,5 +1,6 @@
 """Requests in and out of the running batch: checks, the row and everything a sequence
-owns (``add``), room for another (slots, KV memory), and leaving (``abort``)."""
+owns (``add``), room for another (slots, KV memory: what the running rows hold, what the
+prompts admitted will take, and the request's own prompt), and leaving (``abort``)."""
 
 from __future__ import annotations
 
@@ -51,19 +52,63 @@ class Admission(EngineState):
             raise InvalidParameter(
                 "stop_token_ids", f"stop_token_ids {bad[:5]} are outside the vocabulary"
             )
+        self._validate_kv(num_prompt)
+
+    def _validate_kv(self, num_prompt: int) -> None:
+        """Raise InvalidParameter when a prompt of ``num_prompt`` tokens would take more KV
+        than ``max_kv_bytes`` alone: it could never be admitted beside anything, and alone
+        it would pass the bound the server was given (a target that cannot say what a
+        prompt takes admits it alone)."""
+        needed = self.prompt_kv_bytes(num_prompt)
+        if self.max_kv_bytes is None or needed is None or needed <= self.max_kv_bytes:
+            return
+        per_position = self.prompt_kv_bytes(1) or 1
+        raise InvalidParameter(
+            "prompt_ids",
+            f"prompt is {num_prompt} tokens, whose KV ({needed} bytes) is over this server's "
+            f"max_kv_bytes ({self.max_kv_bytes}): at most "
+            f"{self.max_kv_bytes // per_position} prompt tokens fit",
+            code="context_length_exceeded",
+        )
+
+    def prompt_kv_bytes(self, num_tokens: int) -> int | None:
+        """Bytes of KV a row takes for ``num_tokens`` prompt positions (None: the target
+        cannot say before it has saved a block). Pure arithmetic: safe off the engine
+        thread."""
+        return self.batched.block_nbytes(num_tokens)
 
     @property
     def has_room(self) -> bool:
-        """Whether another sequence can join the batch now: a free slot, and the KV the
-        running rows hold, plus what the prompts admitted since the last forward will
-        take, under ``max_kv_bytes``."""
+        """Whether some sequence could join the batch now: a free slot, and the KV the
+        running rows hold, plus what the prompts admitted since the last forward will take,
+        under ``max_kv_bytes`` (``has_room_for`` also counts the request's own prompt)."""
+        return self.has_room_for(None)
+
+    def has_room_for(self, request: GenerationRequest | None) -> bool:
+        """Whether ``request`` can join the batch now: a free slot, and the KV its prompt
+        will take fits within ``max_kv_bytes`` beside what the running rows hold and what
+        the prompts admitted since the last forward will take (``kv_bytes_due``). A request
+        alone always starts (``validate`` refuses a prompt whose KV alone is over the
+        bound). The bound is checked at admission: replies grow the KV past it as they
+        decode, as a vLLM server's running requests do. None: any request (the KV held
+        under the bound, no prompt counted)."""
         if len(self.running) >= self.max_num_seqs:
             return False
-        return (
-            not self.running
-            or self.max_kv_bytes is None
-            or self.batched.kv_nbytes + self.kv_bytes_due < self.max_kv_bytes
-        )
+        if not self.running or self.max_kv_bytes is None:
+            return True
+        held = self.batched.kv_nbytes + self.kv_bytes_due
+        if request is None:
+            return held < self.max_kv_bytes
+        own = self.prompt_kv_bytes(len(request.prompt_ids))
+        if own is None:  # the target cannot say: the KV held under the bound suffices
+            return held < self.max_kv_bytes
+        return held + own <= self.max_kv_bytes
+
+    @property
+    def kv_nbytes(self) -> int:
+        """Bytes of KV (and kept hidden states) the target's stores hold now: the running
+        rows' and the idle store's (the KV gauge of /health and /metrics)."""
+        return self.batched.kv_nbytes
 
     @property
     def kv_bytes_due(self) -> int:
@@ -73,7 +118,7 @@ class Admission(EngineState):
         before any is counted. A first chunk still in flight is counted twice for that
         step (its row's memory is taken, ``num_prefilled`` not yet moved): it errs toward
         waiting."""
-        per_position = self.batched.block_nbytes(1)
+        per_position = self.prompt_kv_bytes(1)
         if not per_position:
             return 0
         return per_position * sum(
@@ -92,8 +137,10 @@ class Admission(EngineState):
         steps. ``tag``: the caller's handle, kept on the sequence. Whatever fails leaves no
         row behind: the row is taken last, after everything that checks the request."""
         self.validate(request)
-        if not self.has_room:
+        if len(self.running) >= self.max_num_seqs:
             raise RuntimeError(f"the batch is full ({self.max_num_seqs} sequences)")
+        if not self.has_room_for(request):
+            raise RuntimeError(f"the batch's KV is at its bound ({self.max_kv_bytes} bytes)")
         config = request.sampler
         stop_ids = set(request.stop_token_ids)
         if not request.ignore_eos:

@@ -93,8 +93,8 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-kv-bytes",
-        help="KV memory of running sequences past which no new one is admitted (bytes or "
-        "512M, 4G; none: no bound)",
+        help="KV memory bound: a request starts when its prompt's KV fits beside the running "
+        "sequences' (bytes or 512M, 4G; none: no bound)",
     )
     p.add_argument("--max-queue", type=int, help="waiting requests before 429")
     p.add_argument(

@@ -46,6 +46,7 @@ from mtplx.models.batched import batched_target
 from mtplx.models.rows import BatchedTarget
 from mtplx.planner import Plan, StepCosts
 from mtplx.postprocess import Postprocess
+from mtplx.prefill_cost import keys_per_token
 from mtplx.prefix_cache import PrefixCache
 from mtplx.prefix_reuse import PrefixReuse
 from mtplx.request import GenerationRequest
@@ -99,11 +100,14 @@ class Engine(Admission, Schedule, Runner, Postprocess):
         self.vocab_size = model.target.vocab_size
         self.max_adaptive_depth = max_adaptive_depth
         self.max_num_seqs = max_num_seqs
-        # Admission on memory: no request starts while the running rows' KV holds this many
-        # bytes or more (None: slots alone limit the batch). A request alone always starts.
+        # Admission on memory: a request starts when its prompt's KV fits within this many
+        # bytes beside what the running rows hold and will take (None: slots alone limit
+        # the batch). A request alone always starts; a prompt whose KV alone is over it is
+        # refused (``Admission.has_room_for``, ``Admission.validate``).
         self.max_kv_bytes = max_kv_bytes
         self.prefill_chunk_size = prefill_chunk_size
         self.prefill_budget = max(prefill_budget, prefill_chunk_size)
+        self.keys_per_token = keys_per_token(model.config)  # prompts' cost: mtplx.prefill_cost
         self.calibrated = costs is not None
         self._set_up_drafters(model, draft_model, default_drafter)
         self.costs = self.priced(costs or DEFAULT_COSTS)

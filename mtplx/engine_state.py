@@ -50,6 +50,7 @@ class EngineState:
     max_kv_bytes: int | None
     prefill_chunk_size: int
     prefill_budget: int
+    keys_per_token: int  # a prompt token's products, in attention keys (prefill_cost)
     calibrated: bool
     costs: StepCosts
     default_depth: int | None

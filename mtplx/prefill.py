@@ -4,6 +4,8 @@ step's forward, prompt scoring, and the first token sampled after the prompt."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.core as mx
 
 from mtplx.arrays import scalar_int
@@ -100,19 +102,24 @@ def chunk_logits(sequence: Sequence, size: int) -> str:
 
 
 def fixed_chunks(
-    waiting: list[Sequence], budget: int, chunk_size: int
+    waiting: list[Sequence],
+    budget: int,
+    chunk_size: int,
+    cost: Callable[[Sequence, int], int] | None = None,
 ) -> list[tuple[Sequence, list[int]]]:
     """The prompt chunks of a step for a target whose states depend on how a prompt is split
     into forwards (not ``resumes_anywhere``: one forward per row): each waiting prompt's
     next chunk of ``chunk_size`` tokens, fixed by the prompt alone (so its states are
-    bitwise the same in any batch, and cached blocks resume at chunk ends), oldest first,
-    those that fit in ``budget`` tokens (the first one always)."""
+    bitwise the same in any batch, and cached blocks resume at chunk ends), in ``waiting``'s
+    order, those that fit in ``budget`` (the first one always): tokens, or what
+    ``cost(sequence, size)`` prices a chunk of ``size`` tokens at."""
     chunks: list[tuple[Sequence, list[int]]] = []
     for sequence in waiting:
         start = sequence.num_prefilled
         chunk = sequence.tokens[start : min(start + chunk_size, sequence.num_prompt_tokens)]
-        if chunks and len(chunk) > budget:
-            continue  # a shorter prompt's last chunk behind it may still fit
+        price = len(chunk) if cost is None else cost(sequence, len(chunk))
+        if chunks and price > budget:
+            continue  # a shorter or shallower prompt's chunk behind it may still fit
         chunks.append((sequence, chunk))
-        budget -= len(chunk)
+        budget -= price
     return chunks

@@ -1,6 +1,7 @@
 """The schedule of a step: each decoding row's plan (draft source and depth), how the step
 runs it (plain, drafting, drafting one step ahead; settling in-flight work the plan cannot
-build on), and which prompt chunks ride along under the step's token budget."""
+build on), and which prompt chunks ride along under the step's budget (in cost beside
+decoding streams: ``mtplx.prefill_cost``)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,18 @@ from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.engine_state import EngineState, StepEvent
 from mtplx.planner import Plan, StepCosts, plan_cycle
 from mtplx.prefill import fixed_chunks
+from mtplx.prefill_cost import affordable_tokens, chunk_cost
 from mtplx.sequence import Sequence, Status
 from mtplx.speculative import commits_lazily
 from mtplx.step import StepBatch
 
 __all__ = ["BESIDE_STREAMS_TOKENS", "Schedule"]
 
-# Beside decoding streams, a step's tokens in all (decoding and prompt) stay within this many
-# even where the target takes more rows a forward (``max_packed_rows``; a prompt alone then
-# feeds more): the float32 invariant kernel's rows, which the streams' gaps were sized on.
+# Beside decoding streams, a step costs at most what this many tokens (decoding and prompt)
+# cost at an empty context, even where the target takes more rows a forward
+# (``max_packed_rows``; a prompt alone then feeds more): the float32 invariant kernel's rows,
+# which the streams' gaps were sized on. Prompt tokens deep in a long prompt cost more
+# (``mtplx.prefill_cost``).
 BESIDE_STREAMS_TOKENS = 128
 
 
@@ -114,36 +118,62 @@ class Schedule(EngineState):
         self, num_decode_tokens: int, idle: bool = False
     ) -> list[tuple[Sequence, list[int]]]:
         """Prompt tokens to feed in this step's forward beside ``num_decode_tokens``
-        decoding ones, all within ``max_packed_rows`` (every row then stays batch-invariant)
-        and, beside decoding streams, within BESIDE_STREAMS_TOKENS (a stream's gap between
-        tokens grows with the step): waiting prompts share what is left, oldest first, each
-        at most ``_prefill_piece`` (whole fixed chunks where the target's states depend on
-        how a prompt is split: ``fixed_chunks``); at least one token a step while any prompt
-        waits. ``idle``: no stream decodes."""
+        decoding ones, all within ``max_packed_rows`` (every row then stays batch-invariant).
+        Beside decoding streams (a stream's gap between tokens grows with the step), the
+        prompts share a budget in cost, not tokens: what BESIDE_STREAMS_TOKENS tokens cost
+        at an empty context, less the decoding tokens (``mtplx.prefill_cost``: a chunk's
+        attention grows with the context before it, so four prompts thousands of tokens
+        deep feed fewer tokens than one short one). Each waiting prompt takes an equal
+        share of what is left, oldest first, at most ``_prefill_piece`` tokens (whole fixed
+        chunks where the target's states depend on how a prompt is split: ``fixed_chunks``);
+        at least one token a step while any prompt waits: where no share buys a token, one
+        goes to each waiting prompt in turn. ``idle``: no stream decodes (a whole forward of
+        prompt, by tokens)."""
         rows = self.batched.max_packed_rows or self.prefill_budget  # 0: rows run alone
+        budget: int | None = None  # the step's cost left, in attention keys (None: tokens bind)
         if idle:  # nothing decodes, nobody waits on the step: a whole forward of prompt
-            budget = min(max(self.prefill_budget, self.batched.max_prefill_tokens), rows)
-        else:  # a running stream waits for the step: its tokens in all stay few
-            budget = min(self.prefill_budget, min(rows, BESIDE_STREAMS_TOKENS) - num_decode_tokens)
+            tokens = min(max(self.prefill_budget, self.batched.max_prefill_tokens), rows)
+        else:  # a running stream waits for the step: its cost in all stays bounded
+            tokens = min(self.prefill_budget, min(rows, BESIDE_STREAMS_TOKENS) - num_decode_tokens)
+            budget = tokens * self.keys_per_token
+        waiting = self._waiting_prompts()
+        if not self.batched.resumes_anywhere:
+            if budget is None:
+                return fixed_chunks(waiting, tokens, self.prefill_chunk_size)
+            return fixed_chunks(waiting, budget, self.prefill_chunk_size, self._chunk_cost)
+        chunks: list[tuple[Sequence, list[int]]] = []
+        for index, sequence in enumerate(waiting):
+            # Waiting prompts share the step, so a short one behind a long one starts at once.
+            left = len(waiting) - index
+            start = sequence.num_prefilled
+            size = min(
+                self._prefill_piece(idle), tokens // left, sequence.num_prompt_tokens - start
+            )
+            if budget is not None:
+                size = affordable_tokens(start, budget // left, self.keys_per_token, size)
+                budget -= chunk_cost(start, size, self.keys_per_token)
+            if size > 0:
+                chunks.append((sequence, sequence.tokens[start : start + size]))
+                tokens -= size
+        if waiting and not chunks:  # one token a step whatever it costs, to each in turn
+            sequence = waiting[self.num_steps % len(waiting)]
+            start = sequence.num_prefilled
+            chunks.append((sequence, sequence.tokens[start : start + 1]))
+        return chunks
+
+    def _waiting_prompts(self) -> list[Sequence]:
+        """The prompts to feed, oldest first: cached blocks reused first, and a prompt whose
+        next block an older waiting prompt feeds now waits for it."""
         waiting = [s for s in self.running if s.status is Status.PREFILLING]
         if self.prefix is not None:
             for sequence in waiting:
                 self.prefix.reuse(sequence)  # blocks other prompts have fed since
             waiting = [s for i, s in enumerate(waiting) if not self.prefix.fed_by(s, waiting[:i])]
-        if not self.batched.resumes_anywhere:
-            return fixed_chunks(waiting, budget, self.prefill_chunk_size)
-        chunks: list[tuple[Sequence, list[int]]] = []
-        for index, sequence in enumerate(waiting):
-            # Waiting prompts share the step, so a short one behind a long one starts at once.
-            share = max(budget // (len(waiting) - index), 0 if chunks else 1)
-            size = min(self._prefill_piece(idle), share)
-            if size <= 0:
-                continue
-            start = sequence.num_prefilled
-            chunk = sequence.tokens[start : min(start + size, sequence.num_prompt_tokens)]
-            chunks.append((sequence, chunk))
-            budget -= len(chunk)
-        return chunks
+        return waiting
+
+    def _chunk_cost(self, sequence: Sequence, size: int) -> int:
+        """What feeding the prompt's next ``size`` tokens costs the step, in attention keys."""
+        return chunk_cost(sequence.num_prefilled, size, self.keys_per_token)
 
     def _prefill_piece(self, idle: bool) -> int:
         """How many prompt tokens a prompt feeds in one step: ``prefill_chunk_size`` beside

@@ -61,6 +61,7 @@ def create_app(
         running_sequences=lambda: bridge.running,
         slow_readers=lambda: bridge.slow_readers,
         prefix_cache=lambda: bridge.prefix_cache,
+        kv=lambda: bridge.kv,
     )
     bridge.step_observer = metrics.observe_step
 

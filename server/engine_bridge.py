@@ -39,7 +39,7 @@ from server.bridge_errors import (
 )
 from server.ticket import _END, Ticket
 
-__all__ = ["BridgeStats", "EngineBridge", "EngineLike"]
+__all__ = ["BridgeStats", "EngineBridge", "EngineLike", "KVUsage"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ class EngineLike(Protocol):
 
     @property
     def has_room(self) -> bool: ...
+
+    def has_room_for(self, request: GenerationRequest) -> bool: ...
 
     def validate(self, request: GenerationRequest) -> None: ...
 
@@ -91,6 +93,16 @@ class BridgeStats:
     completed: int
     failed: int
     cancelled: int
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    """The engine's KV memory, published by the worker thread after each admission and
+    step (the stores change under a reader on another thread): ``bytes`` held by the
+    running rows' stores, ``max_bytes`` the admission bound (None: no bound)."""
+
+    bytes: int
+    max_bytes: int | None
 
 
 class EngineBridge:
@@ -136,6 +148,9 @@ class EngineBridge:
         # Rows the engine holds for no request, read on the worker thread after each admission
         # and step: non-zero means requests cannot be admitted as they should (/health).
         self.orphan_rows = 0
+        # The engine's KV memory (None: not loaded, or an engine that does not say), for
+        # /health and /metrics; written by the worker thread only.
+        self.kv: KVUsage | None = None
         self._preparing = 0  # requests waiting for the grammar thread (event loop only)
         # Called on the worker thread after each step with (rows, tokens, seconds): metrics.
         self.step_observer: Callable[[int, int, float], None] | None = None
@@ -375,6 +390,7 @@ class EngineBridge:
             self._ready.set()
             return
         self._engine = engine
+        self._publish_kv(engine)  # the idle engine's, before any request
         with self._cond:
             if not self._stopping:  # stopped while loading: "stopped" stays
                 self._state = "ready"
@@ -382,6 +398,7 @@ class EngineBridge:
         while self._admit(engine):
             self._drop_finished_tickets(engine)
             self.orphan_rows = engine.num_orphan_rows
+            self._publish_kv(engine)
             if not engine.running:
                 continue
             started = time.monotonic()
@@ -401,6 +418,13 @@ class EngineBridge:
                 self.step_observer(rows, tokens, self.last_step_seconds)
             for sequence, event in events:
                 self._deliver(engine, sequence, event)
+            self._publish_kv(engine)
+
+    def _publish_kv(self, engine: EngineLike) -> None:
+        """Read the engine's KV memory on its own thread for the readers of ``kv``."""
+        held = getattr(engine, "kv_nbytes", None)
+        if isinstance(held, int):
+            self.kv = KVUsage(held, getattr(engine, "max_kv_bytes", None))
 
     def _admit(self, engine: EngineLike) -> bool:
         """Block while there is nothing to do; move waiting tickets' requests into the
@@ -414,7 +438,11 @@ class EngineBridge:
                 self._finish(engine, ticket, "cancelled", ShuttingDown())
             return False
         with self._cond:
-            while self._pending and engine.has_room:
+            # First come, first served: a request whose prompt's KV does not fit yet waits
+            # at the head of the queue, and those behind it wait for it.
+            while self._pending and engine.has_room_for(
+                self._pending[0].requests[self._pending[0]._next]
+            ):
                 ticket = self._pending[0]
                 if ticket._unfinished < 0:
                     ticket._unfinished = len(ticket.requests)

@@ -1,6 +1,6 @@
 """Prometheus metrics on a per-app registry: requests, latency, time to first token,
-tokens, queue gauges and the speculative-decoding counters vLLM and llama.cpp export
-(drafts, draft tokens, accepted tokens, accepted tokens per draft position)."""
+tokens, queue gauges, the engine's KV memory and the speculative-decoding counters vLLM and
+llama.cpp export (drafts, draft tokens, accepted tokens, accepted tokens per draft position)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from mtplx.prefix_cache import PrefixCacheStats
 from mtplx.request import GenerationStats
+from server.engine_bridge import KVUsage
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
 
@@ -40,11 +41,14 @@ class ServerMetrics:
         running_sequences: Callable[[], float] | None = None,
         slow_readers: Callable[[], float] | None = None,
         prefix_cache: Callable[[], PrefixCacheStats | None] | None = None,
+        kv: Callable[[], KVUsage | None] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         if prefix_cache is not None:
             r.register(PrefixCacheCollector(prefix_cache))
+        if kv is not None:
+            r.register(KVCollector(kv))
         self.requests = Counter(
             "mtplx_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
             registry=r,
@@ -169,3 +173,27 @@ class PrefixCacheCollector(Collector):
             ("max_bytes", "The prefix cache's byte budget", stats.max_bytes),
         ):
             yield GaugeMetricFamily(f"mtplx_prefix_cache_{name}", documentation, value)
+
+
+class KVCollector(Collector):
+    """The engine's KV memory, read at each scrape (none while it loads): the bytes its
+    stores hold and, where there is one, the bound admission keeps new requests under."""
+
+    def __init__(self, read: Callable[[], KVUsage | None]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        """``mtplx_kv_bytes``; ``mtplx_kv_max_bytes`` when bounded."""
+        usage = self._read()
+        if usage is None:
+            return
+        yield GaugeMetricFamily(
+            "mtplx_kv_bytes", "Bytes of KV memory the engine's stores hold", usage.bytes
+        )
+        if usage.max_bytes is not None:
+            yield GaugeMetricFamily(
+                "mtplx_kv_max_bytes",
+                "KV memory bound of admission (max_kv_bytes): a request starts when its "
+                "prompt's KV fits under it",
+                usage.max_bytes,
+            )

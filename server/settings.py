@@ -75,8 +75,9 @@ class ServerSettings(BaseSettings):
     max_kv_bytes: int | None = Field(
         4 << 30,
         ge=1,
-        description="KV memory (bytes, or with K/M/G: 512M, 4G) of the running sequences past "
-        "which no new one is admitted (it waits in the queue; one sequence alone always runs); "
+        description="KV memory (bytes, or with K/M/G: 512M, 4G) admission keeps the running "
+        "sequences under: a request starts when its prompt's KV fits beside theirs (else it "
+        "waits in the queue; one sequence alone always runs; a prompt over it alone is a 400); "
         "null or none: no bound",
     )
     max_queue: int = Field(64, ge=1, description="requests waiting for the engine before 429")

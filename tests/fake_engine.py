@@ -126,6 +126,10 @@ class FakeEngine:
         """Whether another sequence can join the batch."""
         return len(self.running) < self.max_num_seqs
 
+    def has_room_for(self, request: GenerationRequest) -> bool:
+        """Whether ``request`` can join the batch (a free slot: the fake holds no KV)."""
+        return self.has_room
+
     def add(self, request: GenerationRequest, tag: object = None) -> FakeSequence:
         """Start ``request`` as a row of the batch."""
         self.threads.add(threading.get_ident())

@@ -444,49 +444,6 @@ def test_reduced_draft_vocabulary_keeps_greedy_exact(llama_draft_vocab_checkpoin
             assert generate(engine, request)[0] == plain
 
 
-def test_a_kv_budget_holds_new_requests_back_while_the_running_ones_use_it(
-    llama_engine: Engine,
-) -> None:
-    engine = llama_engine
-    engine.max_kv_bytes = 1  # any KV at all fills the budget
-    try:
-        assert engine.has_room  # an idle engine always admits
-        sequence = engine.add(GenerationRequest([3, 4, 5], GREEDY, max_tokens=4))
-        engine.step()
-        assert engine.batched.kv_nbytes > 0 and not engine.has_room
-        while not sequence.finished:
-            engine.step()
-        assert not engine.running and engine.has_room
-    finally:
-        engine.max_kv_bytes = None
-        for sequence in list(engine.running):
-            engine.abort(sequence)
-
-
-def test_a_kv_budget_counts_prompts_admitted_before_their_first_forward(
-    llama_engine: Engine,
-) -> None:
-    # Rows take their KV at their first forward: a burst admitted within one step must
-    # still be held to the budget (here: what the engine holds idle plus half the first
-    # prompt's KV).
-    engine = llama_engine
-    prompt = list(range(3, 43))
-    per_prompt = engine.batched.block_nbytes(len(prompt))
-    assert per_prompt
-    engine.max_kv_bytes = engine.batched.kv_nbytes + per_prompt // 2
-    try:
-        first = engine.add(GenerationRequest(prompt, GREEDY, max_tokens=2))
-        assert not engine.has_room
-        assert engine.batched.kv_nbytes + engine.kv_bytes_due >= per_prompt
-        while not first.finished:
-            engine.step()
-        assert not engine.running and engine.has_room and engine.kv_bytes_due == 0
-    finally:
-        engine.max_kv_bytes = None
-        for sequence in list(engine.running):
-            engine.abort(sequence)
-
-
 ENGINE_MODULES = (
     "engine",
     "engine_state",

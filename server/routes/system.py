@@ -94,6 +94,9 @@ async def health(request: Request) -> JSONResponse:
         weights = getattr(getattr(engine, "model", None), "weights", None)
         if isinstance(weights, str):
             body["weights"] = weights
+        kv = ctx.bridge.kv
+        if kv is not None:
+            body["kv"] = {"bytes": kv.bytes, "max_bytes": kv.max_bytes}
         cache = ctx.bridge.prefix_cache
         if cache is not None:
             body["prefix_cache"] = {

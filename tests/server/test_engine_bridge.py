@@ -496,3 +496,39 @@ def test_stop_while_the_model_loads_does_not_wait_for_the_load():
     sched._thread.join(10)
     assert not sched._thread.is_alive()
     assert not sched.wait_ready(0)  # stopped while loading stays stopped
+
+
+class KVBoundEngine(FakeEngine):
+    """A fake engine whose rows hold KV: one unit per prompt token, ``bound`` in all; a
+    request starts when its prompt fits beside the running ones' (or alone)."""
+
+    def __init__(self, bound: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.bound = bound
+
+    def has_room_for(self, request: GenerationRequest) -> bool:
+        held = sum(len(s.request.prompt_ids) for s in self.running)
+        return self.has_room and (not self.running or held + len(request.prompt_ids) <= self.bound)
+
+
+def test_a_request_whose_kv_does_not_fit_waits_first_in_line():
+    # "big-prompt" (10 units) does not fit beside "first" (5); "tiny" (4) would, but waits
+    # behind "big-prompt" (first come, first served: a big prompt is not passed forever),
+    # then joins it.
+    engine = KVBoundEngine(bound=14, max_num_seqs=4, token_delay=0.002)
+    sched = EngineBridge.from_engine(engine, max_queue=16)
+    sched.start()
+    names = ("first", "big-prompt", "tiny")
+
+    async def main():
+        tickets = [sched.submit(_request(name, max_tokens=6)) for name in names]
+        return await asyncio.gather(*(_collect(t) for t in tickets))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        sched.stop()
+    assert [label for kind, label in engine.log if kind == "start"] == list(names)
+    assert engine.max_concurrent == 2  # "big-prompt" and "tiny" together, never all three
+    for name, (text, _) in zip(names, results, strict=True):
+        assert text == engine.expected_text(_request(name, max_tokens=6))

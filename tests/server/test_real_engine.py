@@ -297,3 +297,34 @@ async def test_health_and_metrics_with_the_real_engine(client, real_engine):
     models = (await client.get("/v1/models")).json()
     assert models["data"][0]["id"] == MODEL
     assert json.loads(json.dumps(models))  # plain JSON
+
+
+async def test_kv_gauge_and_a_prompt_over_the_kv_bound(app, client, real_engine):
+    # /health and /metrics report the KV the engine's stores hold and the bound; a prompt
+    # whose KV alone is over the bound is a 400 before it is queued, in the OpenAI shape.
+    bridge = app.state.ctx.bridge
+    await client.post(CHAT, json=chat("count", max_tokens=4, temperature=0))
+    await wait_until(lambda: bridge.kv is not None and bridge.kv.bytes == real_engine.kv_nbytes)
+    assert real_engine.kv_nbytes > 0
+    health = (await client.get("/health")).json()
+    assert health["kv"] == {"bytes": real_engine.kv_nbytes, "max_bytes": None}
+    metrics = (await client.get("/metrics")).text
+    assert f"mtplx_kv_bytes {float(real_engine.kv_nbytes)}" in metrics
+    assert "mtplx_kv_max_bytes" not in metrics  # no bound
+    ids = chat_ids(real_engine, "count to three")
+    bound = real_engine.prompt_kv_bytes(len(ids) - 1)
+    real_engine.max_kv_bytes = bound
+    try:
+        r = await client.post(CHAT, json=chat("count to three", max_tokens=4))
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+        assert f"at most {len(ids) - 1} prompt tokens fit" in error["message"]
+        r = await client.post(CHAT, json=chat("count", max_tokens=4, temperature=0))
+        assert r.status_code == 200, r.text
+        await wait_until(lambda: bridge.kv.max_bytes == bound)
+        metrics = (await client.get("/metrics")).text
+        assert f"mtplx_kv_max_bytes {float(bound)}" in metrics
+        assert (await client.get("/health")).json()["kv"]["max_bytes"] == bound
+    finally:
+        real_engine.max_kv_bytes = None

@@ -145,6 +145,31 @@ async def test_metrics_after_traffic(client):
     assert "mtplx_queue_depth 0.0" in text and "mtplx_requests_running 0.0" in text
 
 
+async def test_kv_gauge_in_health_and_metrics(make_app):
+    engine = FakeEngine()
+    async with _client(make_app(engine)) as c:
+        # An engine that does not say what KV it holds: no gauge.
+        assert "kv" not in (await c.get("/health")).json()
+        assert "mtplx_kv_bytes" not in (await c.get("/metrics")).text
+    engine = FakeEngine()
+    engine.kv_nbytes = 3 << 20  # type: ignore[attr-defined]
+    engine.max_kv_bytes = 4 << 30  # type: ignore[attr-defined]
+    app = make_app(engine)
+    async with _client(app) as c:
+        # Published by the engine thread: once loaded, then after each admission and step.
+        assert (await c.get("/health")).json()["kv"] == {"bytes": 3 << 20, "max_bytes": 4 << 30}
+        engine.kv_nbytes = 5 << 20  # type: ignore[attr-defined]
+        assert (await c.post("/v1/chat/completions", json=chat_body(max_tokens=2))).is_success
+        assert (await c.get("/health")).json()["kv"] == {"bytes": 5 << 20, "max_bytes": 4 << 30}
+        text = (await c.get("/metrics")).text
+        assert "mtplx_kv_bytes 5.24288e+06" in text
+        assert "mtplx_kv_max_bytes 4.294967296e+09" in text
+        engine.max_kv_bytes = None  # type: ignore[attr-defined]
+        assert (await c.post("/v1/chat/completions", json=chat_body(max_tokens=2))).is_success
+        assert (await c.get("/health")).json()["kv"]["max_bytes"] is None
+        assert "mtplx_kv_max_bytes" not in (await c.get("/metrics")).text
+
+
 async def test_metrics_registries_are_per_app(make_app):
     first, second = make_app(), make_app()
     async with _client(first) as c:
