@@ -176,6 +176,11 @@ def _compiled_ends(
     compiled_into = mx.compile(into)
 
     def step_in(tokens: mx.array, hidden: mx.array) -> mx.array:
+        if isinstance(fc, QuantWeight):  # the norms, the concatenation and fc in one node
+            return fused_layer.head_into(
+                trunk.embed(tokens), hidden, norm_e.weight, norm_e.eps, norm_h.weight,
+                norm_h.eps, fc,
+            )  # fmt: skip
         return compiled_into(tokens, hidden, norm_e.weight, norm_h.weight, weight_arrays(fc))
 
     return (step_in, *_compiled_out(module))
@@ -212,12 +217,16 @@ def _compiled_out(
     def step_out(x: mx.array) -> tuple[mx.array | None, mx.array]:
         if head is None:
             return None, compiled_norm(x, norm.weight)
+        if isinstance(head, QuantWeight) and x.shape[1] == 1:  # a deeper draft's one row
+            return fused_layer.head_out(x, _zeros(1), norm.weight, norm.eps, head)
         logits, normed = compiled_out(x, norm.weight, weight_arrays(head))
         return logits, normed
 
     def step_out_at(x: mx.array, rows: mx.array) -> tuple[mx.array | None, mx.array]:
         if head is None:
             return None, compiled_norm(x, norm.weight)
+        if isinstance(head, QuantWeight):  # the norm, the rows' slice and the product: one node
+            return fused_layer.head_out(x, rows, norm.weight, norm.eps, head)
         logits, normed = compiled_out_at(x, rows, norm.weight, weight_arrays(head))
         return logits, normed
 
