@@ -29,7 +29,17 @@ import mlx.core as mx
 from mtplx.models.quantized import QuantWeight, activations_format
 from mtplx.quant import Unavailable, load_extension
 
-__all__ = ["after", "available", "before", "exp", "rms_norm", "swiglu", "write"]
+__all__ = [
+    "after",
+    "available",
+    "before",
+    "exp",
+    "head_into",
+    "head_out",
+    "rms_norm",
+    "swiglu",
+    "write",
+]
 
 
 def available() -> bool:
@@ -125,6 +135,58 @@ def write(
     ext = load_extension()
     new_keys = ext.kv_write(keys, k, write_at, to_padded, int(tokens))
     return new_keys, ext.kv_write(values, v, write_at, to_padded, int(tokens))
+
+
+def head_into(
+    embedded: mx.array,
+    hidden: mx.array,
+    norm_e: mx.array,
+    eps_e: float,
+    norm_h: mx.array,
+    eps_h: float,
+    fc: QuantWeight,
+    int8: bool | None = None,
+) -> mx.array:
+    """A generic MTP head's input, lazily, in one node: embedded, hidden [..., N, H] ->
+    ``fc(concat(rms_norm(embedded) * norm_e, rms_norm(hidden) * norm_h))`` [..., N, H'],
+    the norms and the product as ``before``'s (MLX's bits); ``int8`` as ``before``."""
+    return load_extension().head_into(
+        embedded,
+        hidden,
+        norm_e,
+        float(eps_e),
+        norm_h,
+        float(eps_h),
+        *fc.arrays,
+        fc.bits,
+        fc.group_size,
+        activations_format() == "int8" if int8 is None else int8,
+    )
+
+
+def head_out(
+    x: mx.array,
+    at: mx.array,
+    norm: mx.array,
+    eps: float,
+    head: QuantWeight,
+    int8: bool | None = None,
+) -> tuple[mx.array, mx.array]:
+    """A generic MTP head's output, lazily, in one node: x [1, N, H], at [R] or [] int32
+    (rows of x, lazy) -> (logits [1, R or 1, V] of ``rms_norm(x) * norm`` at those rows
+    only, ``rms_norm(x) * norm`` [1, N, H]); ``int8`` as ``before``. The product is
+    batch-invariant: a row's logits are the bits it has among all rows."""
+    logits, normed = load_extension().head_out(
+        x,
+        at,
+        norm,
+        float(eps),
+        *head.arrays,
+        head.bits,
+        head.group_size,
+        activations_format() == "int8" if int8 is None else int8,
+    )
+    return logits, normed
 
 
 def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:

@@ -352,3 +352,49 @@ int mtplx_layer_after(const float *x, const float *attended, int n, int H,
     release(x1);
     return status;
 }
+
+/* A generic MTP head's step around its layer (mtplx/models/fused_head.py), each end one call:
+ *
+ *   into: out = [rms_norm(e) * w_e | rms_norm(h) * w_h] @ Wfc^T   (e: the next tokens'
+ *         embeddings, h: the target's hidden states; n rows of H each, the product over 2H)
+ *   out:  normed = rms_norm(x) * w;  logits = normed[at] @ Whead^T   (the rows at `at` only)
+ *
+ * The same steps in the same order as the compiled MLX functions they replace (the norms as
+ * rms_norm above, the products mtplx_qmm's, whose sums do not depend on the row count), so the
+ * same bits in one graph node each instead of ~9 and ~5. */
+
+/* into: e, h [n, H] -> out [n, fc->N]. Returns 0, -1 for arguments the product does not
+ * take, -3 when memory runs out. */
+int mtplx_head_into(const float *e, const float *h, int n, int H, const float *w_e,
+                    float eps_e, const float *w_h, float eps_h, const mtplx_qweight *fc,
+                    float *out) {
+    if (fc->K != 2 * H) return -1;
+    float *joined = scratch(sizeof(float) * (size_t)n * 2 * H);
+    if (joined == NULL) return -3;
+    for (int i = 0; i < n; i++) { /* each row's two halves side by side: the concatenation */
+        float *row = joined + (size_t)i * 2 * H;
+        rms_norm(e + (size_t)i * H, w_e, eps_e, 1, H, row);
+        rms_norm(h + (size_t)i * H, w_h, eps_h, 1, H, row + H);
+    }
+    const int status = product(joined, n, fc, out);
+    release(joined);
+    return status;
+}
+
+/* out: x [n, H] -> normed [n, H] (every row) and logits [R, head->N] of rows at[0 .. R-1]
+ * (each clamped into 0 .. n-1, as a slice at a computed start is). Returns as
+ * mtplx_head_into. */
+int mtplx_head_out(const float *x, int n, int H, const float *w, float eps, const int32_t *at,
+                   int R, const mtplx_qweight *head, float *logits, float *normed) {
+    if (head->K != H || n < 1) return -1;
+    rms_norm(x, w, eps, n, H, normed);
+    float *rows = scratch(sizeof(float) * (size_t)R * H);
+    if (rows == NULL) return -3;
+    for (int r = 0; r < R; r++) {
+        const int i = at[r] < 0 ? 0 : at[r] >= n ? n - 1 : at[r];
+        memcpy(rows + (size_t)r * H, normed + (size_t)i * H, sizeof(float) * H);
+    }
+    const int status = product(rows, R, head, logits);
+    release(rows);
+    return status;
+}

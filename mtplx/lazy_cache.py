@@ -71,6 +71,13 @@ class LazyKVCache:
         """Drop the last ``num_tokens`` ([] int32, may be lazy) entries."""
         self.offset = self.offset - num_tokens.astype(mx.int32)
 
+    def keep_lazily(self, start: mx.array, num_kept: mx.array) -> None:
+        """Of the entries written since the offset was ``start`` ([] int32, lazy), keep the
+        first ``num_kept`` ([] int32, lazy): the offset becomes ``start + num_kept``, one
+        graph node where advancing past them and trimming the rest are three. The host's
+        ``bound`` stays (``settle`` lowers it by the trimmed count once read)."""
+        self.offset = start + num_kept.astype(mx.int32)
+
     def settle(self, num_tokens: int) -> None:
         """A lazy trim of ``num_tokens`` was read: lower the host's bound by it."""
         self.bound -= num_tokens

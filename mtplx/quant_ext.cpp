@@ -63,6 +63,10 @@ int mtplx_layer_after(const float* x, const float* attended, int n, int H,
                       const mtplx_qweight* o_proj, const float* norm, float eps,
                       const mtplx_qweight* gate_up, const mtplx_qweight* down, float* out);
 void mtplx_layer_rms_norm(const float* x, const float* w, float eps, int n, int H, float* out);
+int mtplx_head_into(const float* e, const float* h, int n, int H, const float* w_e, float eps_e,
+                    const float* w_h, float eps_h, const mtplx_qweight* fc, float* out);
+int mtplx_head_out(const float* x, int n, int H, const float* w, float eps, const int32_t* at,
+                   int R, const mtplx_qweight* head, float* logits, float* normed);
 void mtplx_layer_swiglu(const float* gate_up, int n, int I, float* out);
 float mtplx_layer_exp(float x);
 }
@@ -659,6 +663,150 @@ mx::array embed_rows(const mx::array& ids, const mx::array& w, const mx::array& 
                     mx::astype(biases, params, stream)});
 }
 
+// -- a generic MTP head's ends (layer_kernel.c's mtplx_head_into / mtplx_head_out) ----------
+
+// The head's input: inputs e [..., n, H] (the next tokens' embeddings), h [..., n, H] (the
+// target's hidden states), w_e, w_h [H], fc (w, scales, biases) over 2H -> [..., n, N]:
+// fc([rms_norm(e) * w_e | rms_norm(h) * w_h]).
+class HeadInto : public mx::UnaryPrimitive {
+ public:
+  HeadInto(mx::Stream stream, float eps_e, float eps_h, int bits, int group, bool int8)
+      : mx::UnaryPrimitive(stream), eps_e_(eps_e), eps_h_(eps_h), bits_(bits), group_(group),
+        int8_(int8) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
+    output.set_data(mx::allocator::malloc(output.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> in;
+    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output),
+                      eps_e = eps_e_, eps_h = eps_h_, bits = bits_, group = group_,
+                      int8 = int8_]() mutable {
+      const int H = static_cast<int>(in[0].shape(-1));
+      const int n = static_cast<int>(in[0].size() / H);
+      std::vector<char> ed, hd, wed, whd;
+      QWeightData fw;
+      const mtplx_qweight fc = fw.view(in[4], in[5], in[6], bits, group, int8);
+      const int status = mtplx_head_into(
+          static_cast<const float*>(dense(in[0], ed)), static_cast<const float*>(dense(in[1], hd)),
+          n, H, static_cast<const float*>(dense(in[2], wed)), eps_e,
+          static_cast<const float*>(dense(in[3], whd)), eps_h, &fc, y.data<float>());
+      if (status != 0) throw std::runtime_error("mtplx head input: the product failed");
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mtplx head kernels run on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXHeadInto"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const HeadInto*>(&other);
+    return o != nullptr && o->eps_e_ == eps_e_ && o->eps_h_ == eps_h_ && o->bits_ == bits_ &&
+           o->group_ == group_ && o->int8_ == int8_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    mx::Shape shape = inputs[0].shape();
+    shape.back() = static_cast<int>(inputs[4].shape(0));
+    return {shape};
+  }
+
+ private:
+  float eps_e_, eps_h_;
+  int bits_, group_;
+  bool int8_;  // the product's rows quantized to 8 bits (mtplx_qmm_int8)
+};
+
+mx::array head_into(const mx::array& e, const mx::array& h, const mx::array& w_e, float eps_e,
+                    const mx::array& w_h, float eps_h, const mx::array& w,
+                    const mx::array& scales, const mx::array& biases, int bits, int group_size,
+                    bool int8) {
+  const int H = static_cast<int>(e.shape(-1));
+  check_weight(w, scales, biases, bits, group_size, 2 * H);
+  if (e.ndim() < 1 || h.shape() != e.shape() || w_e.size() != static_cast<size_t>(H) ||
+      w_h.size() != static_cast<size_t>(H))
+    throw std::invalid_argument("head_into: shapes do not match");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  auto f32 = [&](const mx::array& a) { return mx::astype(a, mx::float32, stream); };
+  std::vector<mx::array> inputs = {f32(e), f32(h), f32(w_e), f32(w_h), w, scales, biases};
+  kernel_params(inputs, 5, stream);
+  mx::Shape shape = e.shape();
+  shape.back() = static_cast<int>(w.shape(0));
+  return mx::array(shape, mx::float32,
+                   std::make_shared<HeadInto>(stream, eps_e, eps_h, bits, group_size, int8),
+                   inputs);
+}
+
+// The head's output: inputs x [1, n, H], at [R] or [] int32 (rows of x), w [H], the head's
+// projection (w, scales, biases) -> logits [1, R, N] (R = 1 for a [] at) of rms_norm(x) * w
+// at those rows, and rms_norm(x) * w [1, n, H].
+class HeadOut : public mx::Primitive {
+ public:
+  HeadOut(mx::Stream stream, float eps, int bits, int group, bool int8)
+      : mx::Primitive(stream), eps_(eps), bits_(bits), group_(group), int8_(int8) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::vector<mx::array> in, out;
+    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    for (auto& a : outputs) out.push_back(mx::array::unsafe_weak_copy(a));
+    encoder.dispatch([in = std::move(in), out = std::move(out), eps = eps_, bits = bits_,
+                      group = group_, int8 = int8_]() mutable {
+      const int H = static_cast<int>(in[0].shape(-1));
+      const int n = static_cast<int>(in[0].size() / H);
+      std::vector<char> xd, ad, wd;
+      QWeightData hw;
+      const mtplx_qweight head = hw.view(in[3], in[4], in[5], bits, group, int8);
+      const int status = mtplx_head_out(
+          static_cast<const float*>(dense(in[0], xd)), n, H,
+          static_cast<const float*>(dense(in[2], wd)), eps,
+          static_cast<const int32_t*>(dense(in[1], ad)), static_cast<int>(in[1].size()), &head,
+          out[0].data<float>(), out[1].data<float>());
+      if (status != 0) throw std::runtime_error("mtplx head output: the product failed");
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mtplx head kernels run on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXHeadOut"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const HeadOut*>(&other);
+    return o != nullptr && o->eps_ == eps_ && o->bits_ == bits_ && o->group_ == group_ &&
+           o->int8_ == int8_;
+  }
+
+ private:
+  float eps_;
+  int bits_, group_;
+  bool int8_;  // the product's rows quantized to 8 bits (mtplx_qmm_int8)
+};
+
+std::vector<mx::array> head_out(const mx::array& x, const mx::array& at, const mx::array& norm,
+                                float eps, const mx::array& w, const mx::array& scales,
+                                const mx::array& biases, int bits, int group_size, bool int8) {
+  const int H = static_cast<int>(x.shape(-1));
+  check_weight(w, scales, biases, bits, group_size, H);
+  if (x.ndim() != 3 || x.shape(0) != 1 || x.shape(1) < 1 || at.ndim() > 1 ||
+      norm.size() != static_cast<size_t>(H))
+    throw std::invalid_argument("head_out: x [1, n, H], at [R] or [], norm [H]");
+  const int R = static_cast<int>(at.size());
+  auto stream = mx::default_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs = {mx::astype(x, mx::float32, stream),
+                                   mx::astype(at, mx::int32, stream),
+                                   mx::astype(norm, mx::float32, stream), w, scales, biases};
+  kernel_params(inputs, 4, stream);
+  return mx::array::make_arrays({{1, R, static_cast<int>(w.shape(0))}, x.shape()},
+                                {mx::float32, mx::float32},
+                                std::make_shared<HeadOut>(stream, eps, bits, group_size, int8),
+                                inputs);
+}
+
 // For tests: layer_kernel.c's elementwise pieces on evaluated float32 arrays.
 mx::array rms_norm_reference(const mx::array& x, const mx::array& w, float eps) {
   mx::array xc = mx::contiguous(mx::astype(x, mx::float32));
@@ -723,6 +871,12 @@ NB_MODULE(_mtplx_quant, m) {
         nb::arg("biases"), nb::arg("bits"), nb::arg("group_size"),
         "Rows ids of a quantized embedding table, dequantized (mx.dequantize's bits), lazily "
         "in one node -> [..., H] float32.");
+  m.def("head_into", &head_into, nb::arg("e"), nb::arg("h"), nb::arg("w_e"), nb::arg("eps_e"),
+        nb::arg("w_h"), nb::arg("eps_h"), nb::arg("w"), nb::arg("scales"), nb::arg("biases"),
+        nb::arg("bits"), nb::arg("group_size"), nb::arg("int8"));
+  m.def("head_out", &head_out, nb::arg("x"), nb::arg("at"), nb::arg("norm"), nb::arg("eps"),
+        nb::arg("w"), nb::arg("scales"), nb::arg("biases"), nb::arg("bits"),
+        nb::arg("group_size"), nb::arg("int8"));
   m.def("rms_norm_reference", &rms_norm_reference, nb::arg("x"), nb::arg("w"), nb::arg("eps"));
   m.def("swiglu_reference", &swiglu_reference, nb::arg("gate_up"));
   m.def("layer_exp", [](float x) { return mtplx_layer_exp(x); }, nb::arg("x"));

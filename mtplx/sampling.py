@@ -24,6 +24,7 @@ both, and tokens are drawn by inverse CDF over a sequential float32 cumulative s
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -435,22 +436,35 @@ def mx_verify_greedy(target_logits: mx.array, draft_tokens: mx.array) -> tuple[m
     first mismatch, or p after the last draft, is one-hot at the argmax there: the same
     num_accepted [B] and output_tokens [B, K+1] without building [K+1, V] distributions."""
     greedy = mx.argmax(target_logits, axis=-1)  # [B, K+1]
-    return _greedy_verdict(greedy, draft_tokens)
+    return _greedy_verdict(greedy, draft_tokens, _columns(int(draft_tokens.shape[1]) + 1))
+
+
+@functools.lru_cache(maxsize=16)
+def _columns(width: int) -> mx.array:
+    """[1, width] int32 0 .. width - 1, evaluated: a constant of the verdict's graph, where
+    an ``arange`` in it is two nodes in every verify."""
+    columns = mx.arange(width, dtype=mx.int32)[None]
+    mx.eval(columns)
+    return columns
 
 
 @mx.compile
-def _greedy_verdict(greedy: mx.array, draft_tokens: mx.array) -> tuple[mx.array, mx.array]:
-    """``mx_verify_greedy`` from the argmaxes greedy [B, K+1] and the drafts [B, K]: the
-    accepted drafts are the argmaxes at their positions, and the token after them is the
-    argmax there, so the committed tokens are the argmaxes up to the first mismatch and -1
-    past it. Compiled: its elementwise steps are one node (a verify's bookkeeping is graph
-    nodes on the engine thread, each costing about as much as a small kernel)."""
+def _greedy_verdict(
+    greedy: mx.array, draft_tokens: mx.array, columns: mx.array
+) -> tuple[mx.array, mx.array]:
+    """``mx_verify_greedy`` from the argmaxes greedy [B, K+1], the drafts [B, K] and
+    ``_columns(K + 1)``: the accepted drafts are the argmaxes at their positions, and the
+    token after them is the argmax there, so the committed tokens are the argmaxes up to the
+    first mismatch and -1 past it. Compiled: its elementwise steps are one node (a verify's
+    bookkeeping is graph nodes on the engine thread, each costing about as much as a small
+    kernel); one draft needs no running product of its matches."""
     greedy = greedy.astype(mx.int32)
     num_draft = draft_tokens.shape[1]
     if num_draft == 0:
         return mx.zeros(greedy.shape[:1], mx.int32), greedy
     matches = (draft_tokens.astype(mx.int32) == greedy[:, :num_draft]).astype(mx.int32)
-    num_accepted = mx.sum(mx.cumprod(matches, axis=-1), axis=-1).astype(mx.int32)  # [B]
-    positions = mx.arange(num_draft + 1, dtype=mx.int32)[None, :]
-    output_tokens = mx.where(positions <= num_accepted[:, None], greedy, -1)
-    return num_accepted, output_tokens
+    if num_draft > 1:  # a draft counts only after every draft before it matched
+        matches = mx.cumprod(matches, axis=-1)
+    accepted = mx.sum(matches, axis=-1, keepdims=True).astype(mx.int32)  # [B, 1]
+    output_tokens = mx.where(columns <= accepted, greedy, -1)
+    return accepted.reshape(-1), output_tokens

@@ -17,7 +17,13 @@ from mlx_lm.models.activations import swiglu as mlx_swiglu
 
 from mtplx import fused_layer, quant
 from mtplx.models import load
-from mtplx.models.quantized import InvariantQuantizedLinear, weight_arrays, weight_of
+from mtplx.models.quantized import (
+    InvariantQuantizedLinear,
+    QuantWeight,
+    linear,
+    weight_arrays,
+    weight_of,
+)
 from mtplx.models.slot_target import SlotTarget
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import quantize_checkpoint
@@ -190,6 +196,58 @@ def test_halves_give_the_compiled_pieces_bits(model, tokens: int) -> None:
         )
         assert got_x.shape == want_x.shape
         assert np.array_equal(_bits(got_x), _bits(want_x))
+
+
+def _numpy_rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """The NumPy twin of the kernel's RMSNorm (``test_rms_norm_is_mlx_bits_...``)."""
+    total = np.add.accumulate(x * x, axis=-1, dtype=np.float32)[..., -1:]
+    inv = np.float32(1.0 / x.shape[-1])
+    r = np.float32(1.0) / np.sqrt(total * inv + np.float32(eps))
+    return (x * r) * w
+
+
+@pytest.mark.parametrize("activations", ["int8", "float32"])
+@pytest.mark.parametrize(("bits", "group"), [(8, 32), (4, 64)])
+def test_head_ends_give_the_mlx_pieces_bits(
+    activations: str, bits: int, group: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generic MTP head's input node (two norms, their concatenation, fc) and output node
+    (the norm, the rows asked for, the head's product) give the bits of MLX's ops and the
+    invariant product on those rows; the norms are the NumPy twin's."""
+    monkeypatch.setenv("MTPLX_ACTIVATIONS", activations)
+    rng = np.random.default_rng(bits)
+    hidden, vocab, tokens = 64, 96, 5
+
+    def weight(rows: int, cols: int) -> QuantWeight:
+        w = mx.array(rng.standard_normal((rows, cols)).astype(np.float32) * 0.1)
+        return QuantWeight(*mx.quantize(w, group_size=group, bits=bits), bits, group)
+
+    fc, head = weight(hidden, 2 * hidden), weight(vocab, hidden)
+    e_np, h_np = (rng.standard_normal((1, tokens, hidden)).astype(np.float32) * 3 for _ in "eh")
+    e_np[0, 0] = 0.0  # all zeros: 1 / sqrt(eps)
+    h_np[0, 1] *= 1e4
+    w_e, w_h, w_o = (rng.standard_normal(hidden).astype(np.float32) for _ in "eho")
+    e, h = mx.array(e_np), mx.array(h_np)
+    got = fused_layer.head_into(e, h, mx.array(w_e), 1e-5, mx.array(w_h), 1e-6, fc)
+    joined_np = np.concatenate(
+        [_numpy_rms_norm(e_np, w_e, 1e-5), _numpy_rms_norm(h_np, w_h, 1e-6)], axis=-1
+    )
+    joined = mx.concatenate(
+        [mx.fast.rms_norm(e, mx.array(w_e), 1e-5), mx.fast.rms_norm(h, mx.array(w_h), 1e-6)],
+        axis=-1,
+    )
+    assert np.array_equal(_bits(joined), joined_np.view(np.uint32))
+    assert got.shape == (1, tokens, hidden)
+    assert np.array_equal(_bits(got), _bits(linear(joined, fc)))
+
+    normed_np = _numpy_rms_norm(np.array(got), w_o, 1e-5)
+    for rows in ([3], [4, 0, 4], []):
+        at = mx.array(rows[0] if len(rows) == 1 else rows, mx.int32)  # [] for one row
+        logits, normed = fused_layer.head_out(got, at, mx.array(w_o), 1e-5, head)
+        assert np.array_equal(_bits(normed), normed_np.view(np.uint32))
+        want = linear(mx.array(normed_np[:, rows]), head)  # [1, R, vocab]
+        assert logits.shape == (1, len(rows), vocab)
+        assert np.array_equal(_bits(logits), _bits(want))
 
 
 @pytest.mark.parametrize("activations", ["float32", "int8"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import mlx.core as mx
 import pytest
 
@@ -49,3 +51,31 @@ def test_a_checkpoint_rolls_back_lazily_written_entries() -> None:
     mask = cache.make_mask(2)
     assert mask.shape == (2, STEP)
     assert mask[0].sum().item() == 5 and mask[1].sum().item() == 6
+
+
+def test_keeping_the_first_entries_is_advancing_then_trimming(head) -> None:
+    """``keep_lazily`` from the offset before a write, with the count that holds still
+    computing, leaves the offset (and the head's outputs after) that ``trim_lazily`` of the
+    rest leaves, in one graph node."""
+    size = head.trunk.hidden_size
+    trimmed, kept = head.make_lazy_cache(), head.make_lazy_cache()
+    for cycle in range(12):
+        hidden = mx.random.normal((1, 3, size), key=mx.random.key(cycle))
+        tokens = mx.array([[cycle % 50 + 3, 7, 11]], mx.int32)
+        start = kept[0].offset
+        want = head(hidden, tokens, trimmed)[0]
+        got = head(hidden, tokens, kept)[0]
+        assert mx.array_equal(want, got).item(), cycle
+        holds = (got[0, 0, 0] * 0).astype(mx.int32) + 3 - cycle % 3  # lazy, like a verdict
+        trimmed[0].trim_lazily(3 - holds)
+        kept[0].keep_lazily(start, holds)
+        assert kept[0].offset.item() == trimmed[0].offset.item()
+        assert kept[0].bound == trimmed[0].bound
+        for cache in (trimmed, kept):
+            cache[0].settle(cycle % 3)
+    assert kept[0].offset.item() == trimmed[0].offset.item() > 0
+    mx.eval(start, holds)
+    kept[0].keep_lazily(start, holds)
+    graph = io.StringIO()
+    mx.export_to_dot(graph, kept[0].offset)
+    assert graph.getvalue().count("shape=rectangle") == 1

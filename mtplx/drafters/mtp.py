@@ -50,6 +50,8 @@ class MTPDrafter(OneSource):
         self.num_fed_unsettled = 0  # lazy commits fed to the head, their verdicts unread
         self.checkpoint: Any = None
         self._last_size = 0  # pairs in the last batch taken by ``_feed``
+        # What ``_feed`` took: a lazy cache's offset before the pairs ([] int32) and their count.
+        self._fed: tuple[mx.array | None, int] = (None, 0)
 
     def reset(self, prompt_ids: list[int]) -> None:
         """Fresh head cache for a new sequence."""
@@ -169,6 +171,7 @@ class MTPDrafter(OneSource):
                 self.cache[0].rollback(self.checkpoint)
             else:
                 cache_ops.rollback(self.cache, self.checkpoint)
+        start = self.cache[0].offset if self.commits_lazily else None
         hidden_in = mx.concatenate(self.pending_hidden, axis=1)
         tokens_in = mx.concatenate(self.pending_tokens)[None]
         valid = self.pending_valid
@@ -177,6 +180,7 @@ class MTPDrafter(OneSource):
         self._last_size = int(self.pending_tokens[-1].shape[0])
         self.pending_hidden, self.pending_tokens, self.pending_valid = [], [], None
         count = int(tokens_in.shape[1])
+        self._fed = (start, count)
         if valid is None:
             last = mx.array(count - 1, mx.int32)
         else:  # the pairs past the valid ones of the last batch (fed last) do not hold
@@ -213,7 +217,10 @@ class MTPDrafter(OneSource):
         if valid is None:
             hidden = out_hidden[:, -1:]
         else:  # the pairs past the valid ones leave the cache; read the last valid one's
-            self.cache[0].trim_lazily(self._last_size - valid)
+            start, count = self._fed
+            assert start is not None
+            kept = valid if count == self._last_size else valid + (count - self._last_size)
+            self.cache[0].keep_lazily(start, kept)
             self.num_fed_unsettled += 1
             hidden = at_position(out_hidden, last)  # [1, 1, H]
         if self.commits_lazily:

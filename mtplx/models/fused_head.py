@@ -17,8 +17,10 @@ node costs dispatch on the engine thread. Where the head is served quantized on 
   not (the acceptance rule is exact whatever the drafts), and the kernel is as
   batch-invariant as the rest (a token's result depends on its query, its row's keys and
   its count only);
-- the ops before the layer (embedding lookup, the two input norms, fc) and after it (norm,
-  the head's own LM head) as two compiled functions.
+- the ops before the layer (the two input norms, their concatenation, fc) and after it
+  (norm, the head's own quantized LM head over the rows whose logits are wanted) as one
+  kernel node each (``fused_layer.head_into`` / ``head_out``), compiled MLX functions where
+  fc or the LM head is a float layer or the trunk's.
 
 Every output is bitwise mlx-lm's layer's with the attention kernel in place of its
 ``scaled_dot_product_attention`` (``tests/test_models_fused_head.py``). It lives
@@ -71,8 +73,9 @@ class FusedHead(NamedTuple):
     halves on the fused kernels (``mtplx.fused_layer``: ``before`` = input norm, the fused
     q/k/v product, RoPE; ``after`` = o_proj, residual, post-attention norm, fused gate/up,
     SwiGLU, down, residual), attention over the head's own cache on the attention kernel,
-    and the norms, fc and head projection around it compiled (``into``, ``out``): ~65 graph
-    nodes a step instead of mlx-lm's ~220."""
+    and the norms, fc and head projection around it one node each (``into``, ``out_at``;
+    compiled where not quantized): ~20 graph nodes a drafting step instead of mlx-lm's
+    ~220."""
 
     qkv: QuantWeight  # [q | k | v] rows
     o_proj: QuantWeight
@@ -153,10 +156,11 @@ def _compiled_ends(
     Callable[[mx.array, mx.array], tuple[mx.array | None, mx.array]],
 ]:
     """The head step's ops before its layer (embedding lookup, the two norms, fc) and after it
-    (norm, the head's own LM head: over every row, or over the rows asked for only),
-    compiled: the same ops in the same order (MLX's fusion of elementwise ops changes no
-    bits), a few graph nodes instead of ~60. The trunk's embedding is read as the compiled
-    function's constant; the head's weights are its arguments."""
+    (norm, the head's own LM head: over every row, or over the rows asked for only): with
+    fc quantized, the lookup and one kernel node for the rest (``fused_layer.head_into``:
+    MLX's norms, the invariant product); else compiled (the same ops in the same order:
+    MLX's fusion of elementwise ops changes no bits), the trunk's embedding read as the
+    compiled function's constant and the head's weights as its arguments."""
     norm_e, norm_h = module.pre_fc_norm_embedding, module.pre_fc_norm_hidden
     fc = weight_of(module.fc)
     fc_kind = weight_kind(fc)
@@ -176,6 +180,11 @@ def _compiled_ends(
     compiled_into = mx.compile(into)
 
     def step_in(tokens: mx.array, hidden: mx.array) -> mx.array:
+        if isinstance(fc, QuantWeight):  # the norms, the concatenation and fc in one node
+            return fused_layer.head_into(
+                trunk.embed(tokens), hidden, norm_e.weight, norm_e.eps, norm_h.weight,
+                norm_h.eps, fc,
+            )  # fmt: skip
         return compiled_into(tokens, hidden, norm_e.weight, norm_h.weight, weight_arrays(fc))
 
     return (step_in, *_compiled_out(module))
@@ -188,9 +197,11 @@ def _compiled_out(
     Callable[[mx.array, mx.array], tuple[mx.array | None, mx.array]],
 ]:
     """``_compiled_ends``' end: x [1, N, H] -> (logits or None for the trunk's head,
-    norm(x)), the logits of every row or (``out_at``) of the rows asked for only. The LM
-    head's product is batch-invariant, so projecting those rows alone gives each the bits
-    it has in the projection of all of them."""
+    norm(x)), the logits of every row or (``out_at``) of the rows asked for only; a
+    quantized own LM head's in one kernel node (``fused_layer.head_out``) for the rows
+    asked for or a single row, compiled otherwise. The LM head's product is
+    batch-invariant, so projecting those rows alone gives each the bits it has in the
+    projection of all of them."""
     norm = module.norm
     head = weight_of(module.lm_head) if "lm_head" in module else None
     head_kind = None if head is None else weight_kind(head)
@@ -212,12 +223,16 @@ def _compiled_out(
     def step_out(x: mx.array) -> tuple[mx.array | None, mx.array]:
         if head is None:
             return None, compiled_norm(x, norm.weight)
+        if isinstance(head, QuantWeight) and x.shape[1] == 1:  # a deeper draft's one row
+            return fused_layer.head_out(x, _zeros(1), norm.weight, norm.eps, head)
         logits, normed = compiled_out(x, norm.weight, weight_arrays(head))
         return logits, normed
 
     def step_out_at(x: mx.array, rows: mx.array) -> tuple[mx.array | None, mx.array]:
         if head is None:
             return None, compiled_norm(x, norm.weight)
+        if isinstance(head, QuantWeight):  # the norm, the rows' slice and the product: one node
+            return fused_layer.head_out(x, rows, norm.weight, norm.eps, head)
         logits, normed = compiled_out_at(x, rows, norm.weight, weight_arrays(head))
         return logits, normed
 

@@ -15,7 +15,7 @@ positions, write offsets and key counts come down by it inside the graph (``shif
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -30,6 +30,7 @@ __all__ = [
     "build_group",
     "packed_positions",
     "padded",
+    "shifted_positions",
     "token_shifts",
 ]
 
@@ -124,7 +125,10 @@ def build_group(
     write_to = _write_positions(starts, store_first, kv_heads, store.capacity, max_tokens)
     offsets = mx.array(lengths, mx.int32)
     slot_rows = [fed.get(slot) for slot in range(first, last + 1)]
-    if any(row is not None and row.unsettled for row in slot_rows):
+    if num_slots == 1 and (shift := rows[0].shift()) is not None:
+        # One row with lazy trims (a drafting cycle alone): both come down, a node each.
+        offsets, write_to = _shift_down()(offsets, write_to, shift)
+    elif any(row is not None and row.unsettled for row in slot_rows):
         # Rows with lazy trims: their offsets and write positions come down by them.
         shifts = mx.stack([shift_or_zero(row) for row in slot_rows])  # [R]
         offsets = offsets - shifts
@@ -157,6 +161,20 @@ def build_group(
         slots=token_slots,
         counts=counts_seen,
     )
+
+
+@functools.cache
+def _minus() -> Callable[[mx.array, mx.array], mx.array]:
+    """a - b with b broadcast, compiled: one graph node where the broadcast is another."""
+    return mx.compile(lambda a, b: a - b)
+
+
+@functools.cache
+def _shift_down() -> Callable[[mx.array, mx.array, mx.array], tuple[mx.array, mx.array]]:
+    """(offsets [R], write positions [W], shift []) -> both minus the shift, compiled: a
+    graph node each, with the shift broadcast inside, where the stack, the repeat and the
+    subtractions are six (integer subtractions: the same values)."""
+    return mx.compile(lambda offsets, write_to, shift: (offsets - shift, write_to - shift))
 
 
 def _masks(
@@ -264,6 +282,17 @@ def shift_or_zero(row: SlotRow | None) -> mx.array:
     """[] int32: the row's unsettled positions (0 for no row)."""
     shift = None if row is None else row.shift()
     return mx.zeros((), mx.int32) if shift is None else shift
+
+
+def shifted_positions(rows: Sequence[SlotRow], counts: Sequence[int]) -> mx.array:
+    """Each packed token's position in its row after the rows' lazy trims (``SlotRow.shift``):
+    [N] int32, lazy where a trim is; one row's shift comes off in one node (the broadcast
+    inside a compiled subtraction)."""
+    positions = packed_positions(rows, counts)
+    if len(rows) == 1 and (shift := rows[0].shift()) is not None:
+        return _minus()(positions, shift)
+    shifts = token_shifts(rows, counts)
+    return positions if shifts is None else positions - shifts
 
 
 def packed_positions(rows: Sequence[SlotRow], counts: Sequence[int]) -> mx.array:

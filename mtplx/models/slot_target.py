@@ -27,8 +27,7 @@ from mtplx.models.slot_layout import (
     SlotGroup,
     SlotRow,
     build_group,
-    packed_positions,
-    token_shifts,
+    shifted_positions,
 )
 from mtplx.models.slot_store import SlotStores
 
@@ -111,9 +110,7 @@ class SlotTarget(SlotStores, SlotLayers):
         groups = self._groups(rows, counts)
         inner = self.trunk.inner
         packed = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
-        positions = packed_positions(rows, counts)
-        if (shifts := token_shifts(rows, counts)) is not None:
-            positions = positions - shifts
+        positions = shifted_positions(rows, counts)
         x = self._trunk_layers(inner.embed_tokens(packed[None]), rows, counts, groups, positions)
         hidden = inner.norm(x)[0]  # [N, H]
         self._keep_hidden(rows, counts, hidden)

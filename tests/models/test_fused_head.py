@@ -293,11 +293,35 @@ def test_a_fused_step_is_a_fraction_of_the_nodes(model: LoadedModel, tmp_path: P
     unfused = _nodes(head, False, tmp_path / "unfused.dot")
     assert fused["MTPLXLayerBefore"] == fused["MTPLXLayerAfter"] == 1
     assert unfused["MTPLXLayerBefore"] == unfused["MTPLXLayerAfter"] == 0
-    # The layer's seven products and two norms are inside them: fc and the LM head, and
-    # the head's own three norms, are left.
-    assert (fused["MTPLXQuantizedRows"], unfused["MTPLXQuantizedRows"]) == (2, 9)
-    assert (fused["Square"], unfused["Square"]) == (3, 5)
+    # The layer's seven products and two norms are inside them, fc and the two norms before
+    # it in one input node: the LM head over every row and its norm are left.
+    assert fused["MTPLXHeadInto"] == 1
+    assert (fused["MTPLXQuantizedRows"], unfused["MTPLXQuantizedRows"]) == (1, 9)
+    assert (fused["Square"], unfused["Square"]) == (1, 5)
     assert sum(fused.values()) * 2 < sum(unfused.values()), (fused, unfused)
+
+
+def test_a_drafting_step_projects_in_its_output_node(model: LoadedModel, tmp_path: Path) -> None:
+    """A drafting step (the logits of one position only) of a head with its own quantized
+    LM head: the norm, the position's slice and the draft-vocabulary product are one output
+    node, no norm or product left outside the kernels; a head projecting on the trunk's LM
+    head keeps its norm and that product."""
+    head = _head(model)
+    cache = [LazyKVCache()]
+    mx.eval(head(_hidden_like(head, 5, 0), mx.array([_tokens(1, 5, 0)], mx.int32), cache))
+    ((logits, hidden),) = head.forward_rows(
+        [_hidden_like(head, 2, 1)],
+        [mx.array([_tokens(1, 2, 1)], mx.int32)],
+        [cache],
+        at=[mx.array(3, mx.int32) - 2],  # lazy, as a verdict's count is
+    )
+    path = tmp_path / "step.dot"
+    mx.export_to_dot(str(path), logits, hidden)
+    nodes = collections.Counter(re.findall(r'label ="(\w+)"', path.read_text()))
+    assert nodes["MTPLXHeadInto"] == 1
+    own = "lm_head" in head.module
+    assert nodes["MTPLXHeadOut"] == int(own)
+    assert (nodes["Square"], nodes["MTPLXQuantizedRows"]) == ((0, 0) if own else (1, 1))
 
 
 def test_rope_angles_from_the_tables_are_the_computed_ones(model: LoadedModel) -> None:

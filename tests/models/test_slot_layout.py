@@ -4,6 +4,8 @@ computing."""
 
 from __future__ import annotations
 
+import io
+
 import mlx.core as mx
 import numpy as np
 
@@ -13,6 +15,7 @@ from mtplx.models.slot_layout import (
     build_group,
     packed_positions,
     padded,
+    shifted_positions,
     token_shifts,
 )
 
@@ -113,3 +116,32 @@ def test_a_lazy_trim_comes_off_positions_offsets_and_writes() -> None:
     assert shifts is not None and shifts.tolist() == [3, 3, 0]
     assert (packed_positions(rows, counts) - shifts).tolist() == [6, 7, 4]
     assert token_shifts([plain], [1]) is None
+
+
+def _nodes(*arrays: mx.array) -> int:
+    graph = io.StringIO()
+    mx.export_to_dot(graph, *arrays)
+    return graph.getvalue().count("shape=rectangle")
+
+
+def test_one_lazily_trimmed_row_comes_down_in_few_nodes() -> None:
+    """A drafting cycle's row alone (2 verify tokens, its last verdict's trim still
+    computing): its offset, write positions, key counts and RoPE positions are those of the
+    row shorter by the trim, in one graph node each (no repeat or stack of the shift)."""
+    store = _store(3)
+    shift = mx.array(1, mx.int32)
+    mx.eval(shift)
+    trimmed = SlotRow(2, 9, unsettled=[shift])
+    group = build_group([trimmed], [2], 0, store, 0, KV_HEADS, kernel=True, visible_up_to=0)
+    assert group.offsets.tolist() == [8]
+    assert group.write_at.tolist() == _write_at(store.capacity, [8], 2)[: KV_HEADS * 2]
+    assert group.counts is not None and group.counts.tolist() == [9, 10]
+    fresh = build_group([trimmed], [2], 0, store, 0, KV_HEADS, kernel=True, visible_up_to=0)
+    assert _nodes(fresh.offsets, fresh.write_at) == 2  # a subtraction each
+    positions = shifted_positions([trimmed], [2])
+    assert positions.tolist() == [8, 9]
+    assert _nodes(shifted_positions([trimmed], [2])) == 1  # the subtraction alone
+    plain = SlotRow(1, 4)
+    assert shifted_positions([plain], [1]).tolist() == [4]
+    both = shifted_positions([trimmed, plain], [2, 1])
+    assert both.tolist() == [8, 9, 4]
