@@ -188,12 +188,13 @@ typedef struct {
     int KP, T, GB;    /* K padded to whole terms, the terms, G padded to 16 */
 } qmm_t;
 
-/* A scale or bias: float32, or float16 (half the bytes to read; GGUF's own scales are
- * float16, so nothing is rounded). The conversion is exact either way. */
-static inline float param(const qmm_t *p, const void *base, long i) {
-    if (p->half) {
+/* A scale or bias, element i of row: float32, or float16 when half (half the bytes to read;
+ * GGUF's own scales are float16, so nothing is rounded). The conversion is exact either way. */
+static inline __attribute__((always_inline)) float param_at(const void *row, long i,
+                                                             const int half) {
+    if (half) {
         uint16_t h;
-        memcpy(&h, (const uint16_t *)base + i, sizeof h);
+        memcpy(&h, (const uint16_t *)row + i, sizeof h);
 #if defined(__F16C__)
         return _cvtsh_ss(h);
 #else
@@ -202,7 +203,12 @@ static inline float param(const qmm_t *p, const void *base, long i) {
         return (float)f;
 #endif
     }
-    return ((const float *)base)[i];
+    return ((const float *)row)[i];
+}
+
+/* The same for a call's parameters, its type from the call. */
+static inline float param(const qmm_t *p, const void *base, long i) {
+    return param_at(base, i, p->half);
 }
 
 /* The stores: each element's lanes reduced in the fixed tree. */
@@ -980,23 +986,6 @@ static MAYBE_INLINE v16i dot_term(const wterm u, const int8_t *x, const int bits
     return out;
 }
 #endif
-
-/* A scale or bias of a column's row of parameters (float16 when half, else float32). */
-static inline __attribute__((always_inline)) float param_at(const void *row, long i,
-                                                             const int half) {
-    if (half) {
-        uint16_t h;
-        memcpy(&h, (const uint16_t *)row + i, sizeof h);
-#if defined(__F16C__)
-        return _cvtsh_ss(h);
-#else
-        _Float16 f;
-        memcpy(&f, &h, sizeof f);
-        return (float)f;
-#endif
-    }
-    return ((const float *)row)[i];
-}
 
 /* A column's scales for term t's lanes: lane l = row[g(t, l)], 0 past G. row: the column's
  * G parameters; whole: every group the term spans is below G (all but a row's partial last
