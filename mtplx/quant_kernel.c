@@ -188,12 +188,13 @@ typedef struct {
     int KP, T, GB;    /* K padded to whole terms, the terms, G padded to 16 */
 } qmm_t;
 
-/* A scale or bias: float32, or float16 (half the bytes to read; GGUF's own scales are
- * float16, so nothing is rounded). The conversion is exact either way. */
-static inline float param(const qmm_t *p, const void *base, long i) {
-    if (p->half) {
+/* A scale or bias, element i of row: float32, or float16 when half (half the bytes to read;
+ * GGUF's own scales are float16, so nothing is rounded). The conversion is exact either way. */
+static inline __attribute__((always_inline)) float param_at(const void *row, long i,
+                                                             const int half) {
+    if (half) {
         uint16_t h;
-        memcpy(&h, (const uint16_t *)base + i, sizeof h);
+        memcpy(&h, (const uint16_t *)row + i, sizeof h);
 #if defined(__F16C__)
         return _cvtsh_ss(h);
 #else
@@ -202,7 +203,12 @@ static inline float param(const qmm_t *p, const void *base, long i) {
         return (float)f;
 #endif
     }
-    return ((const float *)base)[i];
+    return ((const float *)row)[i];
+}
+
+/* The same for a call's parameters, its type from the call. */
+static inline float param(const qmm_t *p, const void *base, long i) {
+    return param_at(base, i, p->half);
 }
 
 /* The stores: each element's lanes reduced in the fixed tree. */
@@ -722,12 +728,40 @@ static inline long x8_position(long k) {
 #endif
 }
 
+/* Per-thread scratch for a call's quantized rows: a decode step's few KB are kept and reused
+ * (a step makes ~120 products, each would otherwise allocate and free its rows' buffers); a
+ * prompt chunk's (MBs) is allocated for the call and freed, so no thread holds it after.
+ * kept_scratch returns 64-byte aligned memory of at least `bytes`, or NULL. */
+enum { KEPT_SCRATCH = 1 << 20 };
+typedef struct {
+    void *p;
+    size_t bytes;
+} kept_t;
+
+static void *kept_scratch(kept_t *k, size_t bytes) {
+    bytes = (bytes + 63) / 64 * 64;
+    if (bytes > KEPT_SCRATCH) return aligned_alloc(64, bytes);
+    if (bytes > k->bytes) {
+        free(k->p);
+        k->p = aligned_alloc(64, KEPT_SCRATCH);
+        k->bytes = k->p ? KEPT_SCRATCH : 0;
+    }
+    return k->p;
+}
+
+static void kept_release(const kept_t *k, void *p) {
+    if (p != k->p) free(p);
+}
+
+static __thread kept_t kept_rows;  /* the call's x8, dx and xs (mtplx_qmm_int8) */
+static __thread kept_t kept_steps; /* quantize_rows's per-group steps */
+
 /* The rows quantized per group (see above): x8 [M, KP] (padding zero), each term lane's d
  * [M, T, 16] and each group's d * S [M, GB] (0 in padding). */
 static void quantize_rows(const float *x, int M, int K, int group, int bits, int KP, int T,
                           int GB, int8_t *x8, float *dx, float *xs) {
     const int G = K / group, E = TERM(bits), per = E / 16;
-    float *d = malloc(sizeof(float) * (size_t)G);
+    float *d = kept_scratch(&kept_steps, sizeof(float) * (size_t)G);
     memset(x8, 0, (size_t)M * KP);
     for (int m = 0; m < M; m++) {
         const float *xr = x + (long)m * K;
@@ -809,7 +843,7 @@ static void quantize_rows(const float *x, int M, int K, int group, int bits, int
                 dx[((long)m * T + t) * 16 + l] = g < G ? d[g] : 0.0f;
             }
     }
-    free(d);
+    kept_release(&kept_steps, d);
 }
 
 /* -- a term's integer lanes, per variant -------------------------------------------------- */
@@ -953,47 +987,63 @@ static MAYBE_INLINE v16i dot_term(const wterm u, const int8_t *x, const int bits
 }
 #endif
 
-/* Column n's scales (or biases) for term t's lanes: lane l = param[n][g(t, l)], 0 past G. */
-static inline __attribute__((always_inline)) v16f term_params(const qmm_t *p, const void *base,
-                                                               int n, int t, const int bits,
-                                                               const int group) {
+/* A column's scales for term t's lanes: lane l = row[g(t, l)], 0 past G. row: the column's
+ * G parameters; whole: every group the term spans is below G (all but a row's partial last
+ * term), so the loads need no mask. */
+static inline __attribute__((always_inline)) v16f term_scales(const void *row, int t, int G,
+                                                               const int bits, const int group,
+                                                               const int half,
+                                                               const int whole) {
     const int E = TERM(bits);
 #if defined(__AVX512BW__)
     const int spread = E / group; /* groups a term spans: 4, 2, 1, or 0 (half a group) */
-    if (spread <= 1)
-        return (v16f){0} + param(p, base, (long)n * p->G + (long)t * E / group);
-    const int g0 = t * spread, count = p->G - g0 < spread ? p->G - g0 : spread;
-    const __mmask8 mask = (__mmask8)((1u << count) - 1);
-    const __m128 v = p->half ? _mm_cvtph_ps(_mm_maskz_loadu_epi16(
-                                   mask, (const uint16_t *)base + (long)n * p->G + g0))
-                             : _mm_maskz_loadu_ps(mask, (const float *)base + (long)n * p->G + g0);
+    if (spread <= 1) return (v16f){0} + param_at(row, (long)t * E / group, half);
+    const int g0 = t * spread;
+    __m128 v;
+    if (whole) { /* 4 or 2 parameters: one plain load (these loads assume no alignment or type) */
+        const void *at = (const char *)row + (long)g0 * (half ? 2 : 4);
+        const int bytes = spread * (half ? 2 : 4);
+        const __m128i raw = bytes == 16 ? _mm_loadu_si128((const __m128i *)at)
+                            : bytes == 8 ? _mm_loadu_si64(at)
+                                         : _mm_loadu_si32(at);
+        v = half ? _mm_cvtph_ps(raw) : _mm_castsi128_ps(raw);
+    } else {
+        const int count = G - g0 < spread ? G - g0 : spread;
+        const __mmask8 mask = (__mmask8)((1u << count) - 1);
+        v = half ? _mm_cvtph_ps(_mm_maskz_loadu_epi16(mask, (const uint16_t *)row + g0))
+                 : _mm_maskz_loadu_ps(mask, (const float *)row + g0);
+    }
     const __m512i idx = spread == 4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3,
                                                         3, 3, 3)
                                     : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1,
                                                         1, 1, 1);
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
 #else
+    (void)whole;
     v16f out;
     for (int l = 0; l < 16; l++) {
         const int g = (t * E + l * (E / 16)) / group;
-        out[l] = g < p->G ? param(p, base, (long)n * p->G + g) : 0.0f;
+        out[l] = g < G ? param_at(row, g, half) : 0.0f;
     }
     return out;
 #endif
 }
 
-/* Column n's biases for groups 16 c .. 16 c + 15, 0 past G. */
-static inline __attribute__((always_inline)) v16f bias_chunk(const qmm_t *p, int n, int c) {
-    const int g0 = 16 * c, count = p->G - g0 < 16 ? p->G - g0 : 16;
+/* A column's biases for groups 16 c .. 16 c + 15, 0 past G (row: the column's G biases). */
+static inline __attribute__((always_inline)) v16f bias_lanes(const void *row, int c, int G,
+                                                              const int half) {
+    const int g0 = 16 * c, count = G - g0 < 16 ? G - g0 : 16;
 #if defined(__AVX512BW__)
+    if (count == 16)
+        return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + g0)))
+                    : _mm512_loadu_ps((const float *)row + g0);
     const __mmask16 mask = (__mmask16)((1u << count) - 1);
-    if (p->half)
-        return _mm512_cvtph_ps(
-            _mm256_maskz_loadu_epi16(mask, (const uint16_t *)p->biases + (long)n * p->G + g0));
-    return _mm512_maskz_loadu_ps(mask, (const float *)p->biases + (long)n * p->G + g0);
+    if (half)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)row + g0));
+    return _mm512_maskz_loadu_ps(mask, (const float *)row + g0);
 #else
     v16f out;
-    for (int j = 0; j < 16; j++) out[j] = j < count ? param(p, p->biases, (long)n * p->G + g0 + j) : 0.0f;
+    for (int j = 0; j < 16; j++) out[j] = j < count ? param_at(row, g0 + j, half) : 0.0f;
     return out;
 #endif
 }
@@ -1028,51 +1078,109 @@ static inline __attribute__((always_inline)) v16f bias_chunk(const qmm_t *p, int
 #endif
 #define I8_MAXC (I8_COLS_1 > I8_COLS ? I8_COLS_1 : I8_COLS)
 
-/* Rows m0..m0+R, columns n0..n0+C: each element's arithmetic is the same whatever R and C
- * are; they only decide which loads and unpackings are shared. */
-static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int m0, const int R,
-                                                             int n0, const int C, const int bits,
-                                                             const int group, const long ahead,
-                                                             const int far) {
+/* One term of a tile: C columns' weights and scales loaded and unpacked once, applied to R
+ * rows. whole: a term read in full (else a row's partial last term: masked loads). */
+static inline __attribute__((always_inline)) void term_int8(
+    const qmm_t *p, int m0, const int R, const int C, int t, const int bits, const int group,
+    const int half, const int whole, const uint8_t *const *wc, const void *const *sr,
+    const v16f *given, v16f acc[][I8_MAXC]) {
     const int E = TERM(bits);
     const long row_bytes = (long)p->K * bits / 8, term_bytes = (long)E * bits / 8;
+    const long avail = whole ? -1 : row_bytes - t * term_bytes;
+    wterm u[I8_MAXC];
+    v16f sc[I8_MAXC];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) {
+        u[c] = unpack_term(wc[c] + t * term_bytes, bits, avail);
+        sc[c] = given ? given[c] : term_scales(sr[c], t, p->G, bits, group, half, whole);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        const int8_t *xr = p->x8 + (long)(m0 + r) * p->KP + (long)t * E;
+        const v16f dx = load16(p->dx + ((long)(m0 + r) * p->T + t) * 16);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            const v16f P = __builtin_convertvector(dot_term(u[c], xr, bits), v16f);
+            acc[r][c] = fma16(sc[c] * dx, P, acc[r][c]); /* exact P: |P| < 2^24 */
+        }
+    }
+}
+
+/* Rows m0..m0+R, columns n0..n0+C: each element's arithmetic is the same whatever R and C
+ * are; they only decide which loads and unpackings are shared. Everything per column (its
+ * pointers, what it prefetches) is worked out once here, not per term. */
+static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int m0, const int R,
+                                                             int n0, const int C, const int bits,
+                                                             const int group, const int half,
+                                                             const int far, const long ahead) {
+    const int E = TERM(bits), G = p->G, psize = half ? 2 : 4;
+    const long row_bytes = (long)p->K * bits / 8;
+    const int full = p->K / E; /* terms read in full; the next, if any, is partial */
+    const uint8_t *wc[I8_MAXC];
+    const void *sr[I8_MAXC], *br[I8_MAXC];
     v16f acc[I8_ROWS][I8_MAXC];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) {
+        const long n = n0 + c, next = n + ahead;
+        wc[c] = p->w + n * row_bytes;
+        /* The weights `ahead` columns on (negative: walking down), all their lines now: a
+         * row's weights are a few hundred bytes, too short a stream for the hardware
+         * prefetcher to find at one row a call, and it stops at page boundaries. */
+        if (next >= 0 && next < p->N) {
+            const uint8_t *ahead_w = p->w + next * row_bytes;
+            if (far)
+                for (long b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead_w + b, 0, 1);
+            else
+                for (long b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead_w + b, 0, 3);
+        }
+        sr[c] = (const char *)p->scales + n * G * psize;
+        br[c] = (const char *)p->biases + n * G * psize;
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) acc[r][c] = (v16f){0};
-    for (int t = 0; t < p->T; t++) {
-        const long avail = (t + 1) * term_bytes <= row_bytes ? -1 : row_bytes - t * term_bytes;
-        wterm u[I8_MAXC];
-        v16f sc[I8_MAXC];
+#if defined(__AVX512BW__)
+    if (E / group >= 2 && R <= 2) {
+        /* A term's scales are 4 (or 2) consecutive parameters, each spread over 4 (or 8)
+         * lanes: the 16 groups of 16 / spread terms are converted once, each term's lanes
+         * then one permute of them away (the same values). Where rows are few the per-term
+         * loads and conversions were a good part of a term's work; with more rows they are
+         * shared, and the registers go to the rows' accumulators. */
+        const int spread = E / group, B = 16 / spread;
+        const __m512i first = spread == 4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
+                                                               2, 3, 3, 3, 3)
+                                          : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1,
+                                                               1, 1, 1, 1, 1);
+        for (int t0 = 0; t0 < p->T; t0 += B) {
+            v16f S[I8_MAXC], sc[I8_MAXC];
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) {
-            /* The weights `ahead` columns on (negative: walking down): a row's weights are
-             * a few hundred bytes, too short a stream for the hardware prefetcher to find at
-             * one row a call, and it stops at page boundaries. */
-            const long next = n0 + c + ahead;
-            if (next >= 0 && next < p->N) {
-                if (far) __builtin_prefetch(p->w + next * row_bytes + t * term_bytes, 0, 1);
-                else __builtin_prefetch(p->w + next * row_bytes + t * term_bytes, 0, 3);
+            for (int c = 0; c < C; c++) S[c] = bias_lanes(sr[c], t0 / B, G, half);
+            __m512i idx = first;
+            const int stop = full < t0 + B ? full : t0 + B;
+            for (int t = t0; t < stop; t++) {
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++) sc[c] = _mm512_permutexvar_ps(idx, S[c]);
+                term_int8(p, m0, R, C, t, bits, group, half, 1, wc, sr, sc, acc);
+                idx = _mm512_add_epi32(idx, _mm512_set1_epi32(spread));
             }
-            u[c] = unpack_term(p->w + (long)(n0 + c) * row_bytes + t * term_bytes, bits, avail);
-            sc[c] = term_params(p, p->scales, n0 + c, t, bits, group);
-        }
+            if (stop == full && full < p->T && full < t0 + B) { /* the partial last term */
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            const int8_t *xr = p->x8 + (long)(m0 + r) * p->KP + (long)t * E;
-            const v16f dx = load16(p->dx + ((long)(m0 + r) * p->T + t) * 16);
-#pragma GCC unroll 8
-            for (int c = 0; c < C; c++) {
-                const v16f P = __builtin_convertvector(dot_term(u[c], xr, bits), v16f);
-                acc[r][c] = fma16(sc[c] * dx, P, acc[r][c]); /* exact P: |P| < 2^24 */
+                for (int c = 0; c < C; c++) sc[c] = _mm512_permutexvar_ps(idx, S[c]);
+                term_int8(p, m0, R, C, full, bits, group, half, 0, wc, sr, sc, acc);
             }
         }
+    } else
+#endif
+    {
+        for (int t = 0; t < full; t++)
+            term_int8(p, m0, R, C, t, bits, group, half, 1, wc, sr, NULL, acc);
+        if (full < p->T) term_int8(p, m0, R, C, full, bits, group, half, 0, wc, sr, NULL, acc);
     }
     for (int k = 0; k < p->GB / 16; k++) {
         v16f b[I8_MAXC];
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) b[c] = bias_chunk(p, n0 + c, k);
+        for (int c = 0; c < C; c++) b[c] = bias_lanes(br[c], k, G, half);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const v16f s = load16(p->xs + (long)(m0 + r) * p->GB + 16L * k);
@@ -1086,19 +1194,19 @@ static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int 
         for (int c = 0; c < C; c++) p->y[(long)(m0 + r) * p->N + n0 + c] = reduce16(acc[r][c]);
 }
 
-/* down: the tiles from n1 down, prefetching below them (a helper's chunks, see take_chunks). */
+/* Rows m..m+R over columns n0..n1 in tiles of CR columns, then the odd columns one by one;
+ * down: from n1 downwards, prefetching below (a helper's chunks, see take_chunks). One copy
+ * of each tile serves both directions. */
 #define I8_ROW_TILE(R, CR)                                                                   \
     do {                                                                                     \
-        if (down) {                                                                          \
-            int n = n1;                                                                      \
-            for (; n - (CR) >= n0; n -= (CR))                                                \
-                tile_int8(p, m, R, n - (CR), CR, bits, group, -ahead, far);                  \
-            for (; n > n0; n--) tile_int8(p, m, R, n - 1, 1, bits, group, -ahead, far);      \
-        } else {                                                                             \
-            int n = n0;                                                                      \
-            for (; n + (CR) <= n1; n += (CR)) tile_int8(p, m, R, n, CR, bits, group, ahead, far); \
-            for (; n < n1; n++) tile_int8(p, m, R, n, 1, bits, group, ahead, far);           \
-        }                                                                                    \
+        const int tiles = (n1 - n0) / (CR), odd = (n1 - n0) - tiles * (CR);                  \
+        const long step = down ? -ahead : ahead;                                             \
+        for (int i = 0; i < tiles; i++)                                                      \
+            tile_int8(p, m, R, down ? n1 - (i + 1) * (CR) : n0 + i * (CR), CR, bits, group,  \
+                      half, far, step);                                                      \
+        for (int i = 0; i < odd; i++)                                                        \
+            tile_int8(p, m, R, down ? n0 + odd - 1 - i : n1 - odd + i, 1, bits, group, half, \
+                      far, step);                                                            \
     } while (0)
 
 /* Columns n0..n1, all rows: row tiles outer (a tile's x8 rows stay in L1 while it passes
@@ -1106,15 +1214,10 @@ static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int 
 static inline __attribute__((always_inline)) void columns_int8_kind(const qmm_t *p, int n0,
                                                                    int n1, const int down,
                                                                    const int bits,
-                                                                   const int group) {
-    const long row_bytes = (long)p->K * bits / 8;
-    const int far = (long)p->N * row_bytes >= I8_FAR_BYTES;
+                                                                   const int group,
+                                                                   const int half,
+                                                                   const int far) {
     const long ahead = I8_AHEAD;
-    if (p->M == 1) {
-        const int m = 0;
-        I8_ROW_TILE(1, I8_COLS_1);
-        return;
-    }
     for (int m = 0; m < p->M;) {
         const int R = p->M - m < I8_ROWS ? p->M - m : I8_ROWS;
         switch (R) {
@@ -1140,15 +1243,24 @@ static inline __attribute__((always_inline)) void columns_int8_kind(const qmm_t 
     }
 }
 
+/* Columns n0..n1 of one kind (bits, group), its parameters' type and prefetch level
+ * compile-time constants in the tiles. */
+#define I8_KIND(bits, group)                                                                 \
+    do {                                                                                     \
+        columns_int8_kind(p, n0, n1, down, bits, group, p->half, far);               \
+        (void)0;                      \
+    } while (0)
+
 /* Columns n0..n1, all rows, in the integer-dot mode: one specialised copy per kind. */
 static void columns_int8(const qmm_t *p, int n0, int n1, int down) {
+    const int far = (long)p->N * ((long)p->K * p->bits / 8) >= I8_FAR_BYTES;
     switch (p->bits * 1000 + p->group) {
-    case 4032: columns_int8_kind(p, n0, n1, down, 4, 32); return;
-    case 4064: columns_int8_kind(p, n0, n1, down, 4, 64); return;
-    case 4128: columns_int8_kind(p, n0, n1, down, 4, 128); return;
-    case 8032: columns_int8_kind(p, n0, n1, down, 8, 32); return;
-    case 8064: columns_int8_kind(p, n0, n1, down, 8, 64); return;
-    default: columns_int8_kind(p, n0, n1, down, 8, 128); return;
+    case 4032: I8_KIND(4, 32); return;
+    case 4064: I8_KIND(4, 64); return;
+    case 4128: I8_KIND(4, 128); return;
+    case 8032: I8_KIND(8, 32); return;
+    case 8064: I8_KIND(8, 64); return;
+    default: I8_KIND(8, 128); return;
     }
 }
 
@@ -1168,7 +1280,8 @@ static void quantize_some(void *ctx, int lo, int hi) {
 }
 
 /* mtplx_qmm's arguments, the integer-dot mode: x quantized to 8 bits per group and
- * integer dot products (see above). Returns 0, or -1 as mtplx_qmm does. */
+ * integer dot products (see above). Returns 0, or -1 as mtplx_qmm does (or when no memory
+ * is left for the quantized rows). */
 int mtplx_qmm_int8(const float *x, int M, int K, const uint32_t *w, const void *scales,
                    const void *biases, int half, int N, int bits, int group, float *y) {
     if ((bits != 4 && bits != 8) || (group != 32 && group != 64 && group != 128) ||
@@ -1177,8 +1290,12 @@ int mtplx_qmm_int8(const float *x, int M, int K, const uint32_t *w, const void *
     if (M <= 0 || N <= 0) return 0;
     const int G = K / group, E = TERM(bits), T = (K + E - 1) / E, KP = T * E;
     const int GB = (G + 15) / 16 * 16;
-    int8_t *x8 = aligned_alloc(64, ((size_t)M * KP + 63) / 64 * 64);
-    float *dx = aligned_alloc(64, sizeof(float) * ((size_t)M * T * 16 + (size_t)M * GB));
+    const size_t x8_bytes = ((size_t)M * KP + 63) / 64 * 64;
+    char *rows = kept_scratch(&kept_rows, x8_bytes + sizeof(float) * ((size_t)M * T * 16 +
+                                                                       (size_t)M * GB));
+    if (!rows) return -1;
+    int8_t *x8 = (int8_t *)rows;
+    float *dx = (float *)(rows + x8_bytes);
     float *xs = dx + (long)M * T * 16;
     quantize_t qr = {x, K, group, bits, KP, T, GB, x8, dx, xs};
     mtplx_parallel_rows(quantize_some, &qr, M, rows_grain(K));
@@ -1187,7 +1304,6 @@ int mtplx_qmm_int8(const float *x, int M, int K, const uint32_t *w, const void *
                .half = half != 0, .int8 = 1, .x8 = x8, .dx = dx, .xs = xs, .KP = KP, .T = T,
                .GB = GB};
     run(&p);
-    free(dx);
-    free(x8);
+    kept_release(&kept_rows, rows);
     return 0;
 }

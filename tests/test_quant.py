@@ -507,6 +507,42 @@ def test_int8_mode_few_rows_split_from_both_ends(bits: int, n: int) -> None:
         quant.set_threads(before)
 
 
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize(("bits", "group"), KINDS)
+def test_int8_mode_scales_blocks_of_16_groups_equal_the_twin(
+    bits: int, group: int, half: bool
+) -> None:
+    """At 1 and 2 rows a tile converts its columns' scales 16 groups at a time (where a term
+    spans 2 or 4 groups) and picks each term's lanes out of them: rows of exactly one block,
+    one group more, a partial last term inside the second block (18 and 33 groups), three
+    whole blocks; 23 columns (whole tiles and odd columns); float32 and float16 parameters.
+    The same bits as the twin, and as the 3-row tiles that read the scales term by term."""
+    rng = np.random.default_rng(bits * 1000 + group + half)
+    for groups in (16, 17, 18, 33, 48):
+        k = groups * group
+        packed, scales, biases = _weights(rng, 23, k, bits, group, half)
+        x = rng.standard_normal((3, k)).astype(np.float32)
+        twin = _int8_reference(x, packed, scales, biases, bits, group)
+        np.testing.assert_array_equal(_int8(x, packed, scales, biases, bits, group), twin)
+        for rows in (1, 2):
+            np.testing.assert_array_equal(
+                _int8(x[:rows], packed, scales, biases, bits, group), twin[:rows]
+            )
+
+
+def test_int8_mode_rows_past_the_kept_scratch() -> None:
+    """A call whose quantized rows outgrow the per-thread scratch a decode step reuses (a
+    prompt chunk: allocated for the call) and single rows before and after it on the same
+    thread: every row the twin's bits."""
+    rng = np.random.default_rng(21)
+    packed, scales, biases = _weights(rng, 9, 1536, 4, 32, half=True)
+    x = rng.standard_normal((720, 1536)).astype(np.float32)  # ~1.1 MB of 8-bit rows
+    twin = _int8_reference(x, packed, scales, biases, 4, 32)
+    np.testing.assert_array_equal(_int8(x[:1], packed, scales, biases, 4, 32), twin[:1])
+    np.testing.assert_array_equal(_int8(x, packed, scales, biases, 4, 32), twin)
+    np.testing.assert_array_equal(_int8(x[5:7], packed, scales, biases, 4, 32), twin[5:7])
+
+
 def test_int8_mode_in_lazy_graphs_and_bad_modes() -> None:
     rng = np.random.default_rng(6)
     packed, scales, biases = _weights(rng, 40, 256, 4, 64)
