@@ -75,7 +75,7 @@ class ConnectionLimits:
     max_connections: int = 1024
     header_timeout: float = 10.0
     body_timeout: float = 30.0
-    keep_alive_timeout: float = 5.0
+    keep_alive_timeout: float = 8.0
 
 
 def raise_fd_limit() -> int:

@@ -114,8 +114,12 @@ class ServerSettings(BaseSettings):
         allow_inf_nan=False,
         description="seconds without a byte inside a request body before the connection closes",
     )
+    # Above the 5 s a client of httpx (the openai package's transport) keeps an idle
+    # connection: at equal timeouts a client reuses the connection the server is closing
+    # that moment and reads a reset. Below header_timeout, which an idle connection is
+    # also under (past it the connection would get a 408 instead of a quiet close).
     keep_alive_timeout: float = Field(
-        5.0, gt=0, allow_inf_nan=False, description="idle seconds between requests on a connection"
+        8.0, gt=0, allow_inf_nan=False, description="idle seconds between requests on a connection"
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     reasoning_parser: Literal["auto", "none", "qwen3", "deepseek_r1"] = Field(

@@ -173,3 +173,21 @@ def test_max_kv_bytes_defaults_to_a_bound():
 def test_max_kv_bytes_refuses_what_is_not_a_size(text):
     with pytest.raises(ValidationError):
         load_settings(None, {"max_kv_bytes": text})
+
+
+def test_keep_alive_outlasts_a_pooled_client_and_ends_before_the_head_deadline(monkeypatch):
+    """An idle connection is closed by the server only after httpx (the openai package's
+    transport) has stopped reusing it: at equal timeouts the client reuses the connection
+    the server is closing and reads a reset. It closes quietly before the head deadline,
+    which would answer an idle connection with a 408."""
+    import httpx
+
+    from server.connections import ConnectionLimits
+
+    for name in ("KEEP_ALIVE_TIMEOUT", "HEADER_TIMEOUT"):
+        monkeypatch.delenv(f"MTPLX_{name}", raising=False)
+    settings = load_settings()
+    client_expiry = httpx.Limits().keepalive_expiry
+    assert client_expiry is not None
+    assert client_expiry < settings.keep_alive_timeout < settings.header_timeout
+    assert ConnectionLimits().keep_alive_timeout == settings.keep_alive_timeout
