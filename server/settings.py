@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -146,6 +146,17 @@ class ServerSettings(BaseSettings):
                 "api_key has leading or trailing whitespace, which clients cannot send"
             )
         return value
+
+    @model_validator(mode="after")
+    def _keep_alive_within_head_deadline(self) -> ServerSettings:
+        # An idle connection is also waiting for a request head: past header_timeout it
+        # would get a 408 where the keep-alive meant to close it quietly.
+        if self.keep_alive_timeout >= self.header_timeout:
+            raise ValueError(
+                f"keep_alive_timeout ({self.keep_alive_timeout:g} s) must be below "
+                f"header_timeout ({self.header_timeout:g} s)"
+            )
+        return self
 
     @field_validator("prefix_cache_bytes", "max_kv_bytes", mode="before")
     @classmethod

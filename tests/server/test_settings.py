@@ -191,3 +191,12 @@ def test_keep_alive_outlasts_a_pooled_client_and_ends_before_the_head_deadline(m
     assert client_expiry is not None
     assert client_expiry < settings.keep_alive_timeout < settings.header_timeout
     assert ConnectionLimits().keep_alive_timeout == settings.keep_alive_timeout
+
+
+def test_a_keep_alive_past_the_head_deadline_is_refused(monkeypatch):
+    monkeypatch.setenv("MTPLX_KEEP_ALIVE_TIMEOUT", "12")
+    monkeypatch.delenv("MTPLX_HEADER_TIMEOUT", raising=False)
+    with pytest.raises(ValidationError, match=r"keep_alive_timeout .* below header"):
+        load_settings()
+    monkeypatch.setenv("MTPLX_HEADER_TIMEOUT", "20")
+    assert load_settings().keep_alive_timeout == 12
