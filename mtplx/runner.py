@@ -13,11 +13,11 @@ from mtplx.engine_state import EngineState, StepEvent
 from mtplx.models.rows import RowOutput
 from mtplx.planner import draft_source
 from mtplx.prefill import chunk_logits
+from mtplx.proposing import propose_rows
 from mtplx.sequence import Sequence
 from mtplx.speculative import (
     last_committed,
     plain_input,
-    propose_rows,
     queue_draft,
     queue_plain_rows,
     verify_rows,

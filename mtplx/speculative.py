@@ -4,9 +4,9 @@ A cycle with no draft tokens is plain decoding: the target forward over the newe
 token alone, then a sample from p. With k draft tokens the row feeds ``[last, d1 .. dk]``
 to the step's one batched target forward; the exact rule of ``mtplx.sampling`` accepts a
 prefix and emits the recovered or bonus token, and the row is rolled back past the rejected
-drafts. The engine calls, per step: ``propose_rows`` (before the forward; the rows whose
-drafters share a ``batch_key`` propose together, e.g. one MTP head forward a depth for all
-of them), ``verify_rows`` (after it, lazily; the greedy rows' rule once over their
+drafts. The engine calls, per step: ``propose_rows`` (``mtplx.proposing``, before the forward;
+the rows whose drafters share a ``batch_key`` propose together, e.g. one MTP head forward a
+depth for all of them), ``verify_rows`` (after it, lazily; the greedy rows' rule once over their
 flattened positions), then ``commit`` per row once the step's results are evaluated.
 
 Plain cycles run one step ahead, as mlx-lm's generate loop does: the forward of the token
@@ -32,16 +32,14 @@ ahead for the whole batch (``mtplx.step.InFlight``) and passes a row's to these 
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Mapping
 
 import mlx.core as mx
 import numpy as np
 
 from mtplx.arrays import int_rows, scalar_int
 from mtplx.cycle import Ahead, CycleResult, Draft, QueuedDraft
-from mtplx.drafters.base import Drafter, DraftSampler
+from mtplx.drafters.base import Drafter
 from mtplx.models.rows import BatchedTarget, RowOutput
 from mtplx.sampling import (
     SamplerConfig,
@@ -59,10 +57,10 @@ def cycle_uniforms(seed: int, position: int, num_draft: int) -> mx.array:
     draft tokens, k for accepting them, one for the recovered / bonus token. An independent
     stream per (request seed, position), so a seeded request replays exactly under the same
     depth schedule, alone or in any batch, and no two cycles of a request share uniforms."""
-    return mx.array(_uniforms(seed, position, num_draft))
+    return mx.array(cycle_uniforms_np(seed, position, num_draft))
 
 
-def _uniforms(seed: int, position: int, num_draft: int) -> np.ndarray:
+def cycle_uniforms_np(seed: int, position: int, num_draft: int) -> np.ndarray:
     """``cycle_uniforms`` as a NumPy array."""
     rng = np.random.default_rng([seed, position])
     return rng.random(2 * num_draft + 1, dtype=np.float32)
@@ -134,7 +132,7 @@ def queue_plain_rows(
             for slot, i in enumerate(members):
                 sequence = sequences[i]
                 index = _fed_position(sequence, fed_ahead[i])
-                uniforms[slot] = _uniforms(sequence.seed, index + 1, 0)[0]
+                uniforms[slot] = cycle_uniforms_np(sequence.seed, index + 1, 0)[0]
             probs = mx_distribution_from_logits(stacked, config)
             drawn = mx_sample(probs, mx.array(uniforms)).astype(mx.int32)
         for slot, i in enumerate(members):
@@ -173,151 +171,6 @@ def close_ahead(drafter: Drafter | None, ahead: Ahead, started: float | None = N
 
 
 # -- drafting (or penalised) rows, in step with the forward --------------------------------
-
-
-def propose(sequence: Sequence, num_draft: int, vocab_size: int) -> Draft:
-    """Draft up to ``num_draft`` tokens for ``sequence`` (left lazy)."""
-    draft = propose_rows([(sequence, num_draft)], vocab_size)[0]
-    if isinstance(draft, Exception):
-        raise draft
-    return draft
-
-
-def propose_rows(
-    rows: list[tuple[Sequence, int]],
-    vocab_size: int,
-    queued: Mapping[Sequence, QueuedDraft] | None = None,
-) -> list[Draft | Exception]:
-    """``propose`` for many rows (sequence, number of drafts), left lazy: rows whose active
-    drafters share a ``batch_key`` propose together (one MTP head forward a depth for all
-    of them), each row's draft bitwise what it drafts alone. ``queued``: the rows' drafting
-    cycles whose verdicts are still computing (a row's next cycle starts where its verdict
-    ends). Per row its Draft, or the exception that failed it (a shared proposal that fails
-    fails its rows)."""
-    queued = queued or {}
-    drafts: list[Draft | Exception | None] = [None] * len(rows)
-    samplers: dict[int, DraftSampler] = {}
-    uniforms: dict[int, mx.array] = {}
-    groups: dict[object, list[int]] = {}
-    for index, (sequence, num_draft) in enumerate(rows):
-        try:
-            uniforms[index] = _next_uniforms(sequence, num_draft, queued.get(sequence))
-            drafter = sequence.drafter
-            if drafter is None or num_draft <= 0:
-                drafts[index] = Draft(mx.zeros((0,), mx.int32), [], uniforms[index], num_draft, 0.0)
-                continue
-            samplers[index] = DraftSampler(
-                sequence.config,
-                vocab_size,
-                uniforms[index][:num_draft],
-                sequence.token_counts,
-                drafter.draft_vocab,
-                sequence.grammar,
-            )
-            key = drafter.active().batch_key
-            groups.setdefault(("alone", index) if key is None else key, []).append(index)
-        except Exception as exc:
-            drafts[index] = exc
-    for members in groups.values():
-        started = time.perf_counter()
-        try:
-            proposals = _propose_group(
-                [rows[i][0] for i in members],
-                [rows[i][1] for i in members],
-                [samplers[i] for i in members],
-            )
-        except Exception as exc:
-            for i in members:
-                drafts[i] = exc
-            continue
-        seconds = time.perf_counter() - started
-        for i, (tokens, qs) in zip(members, proposals, strict=True):
-            try:
-                drafts[i] = _draft(
-                    rows[i][0], rows[i][1], tokens, qs, uniforms[i], samplers[i], seconds
-                )
-            except Exception as exc:
-                drafts[i] = exc
-    return [d for d in drafts if d is not None]
-
-
-def _propose_group(
-    sequences: list[Sequence], ks: list[int], samplers: list[DraftSampler]
-) -> list[tuple[list[mx.array], list[mx.array]]]:
-    """The proposals of rows whose active drafters propose together (one row: its own
-    ``propose``)."""
-    histories = [s.tokens for s in sequences]
-    drafters = [s.drafter for s in sequences]
-    assert all(d is not None for d in drafters)
-    if len(sequences) == 1:
-        assert drafters[0] is not None
-        return [drafters[0].propose(histories[0], ks[0], samplers[0])]
-    actives = [d.active() for d in drafters if d is not None]
-    return actives[0].propose_batch(actives, histories, ks, samplers)
-
-
-def _draft(
-    sequence: Sequence,
-    num_draft: int,
-    tokens: list[mx.array],
-    qs: list[mx.array],
-    uniforms: mx.array,
-    sampler: DraftSampler,
-    seconds: float,
-) -> Draft:
-    """A row's Draft from its proposal; with a grammar, cut to the prefix it allows."""
-    masks: list[mx.array] = []
-    if sequence.grammar is not None and tokens:
-        masks = sampler.masks if sampler.num_drawn else _lookup_masks(sequence, tokens)
-        tokens, qs = tokens[: len(masks)], qs[: len(masks)]
-    drafted = mx.stack(tokens).astype(mx.int32) if tokens else mx.zeros((0,), mx.int32)
-    draft = Draft(drafted, qs, uniforms, num_draft, seconds)
-    if sequence.grammar is not None and tokens:
-        draft.masks = masks
-    return draft
-
-
-def _next_uniforms(sequence: Sequence, num_draft: int, queued: QueuedDraft | None) -> mx.array:
-    """``cycle_uniforms`` of the row's next cycle; after a ``queued`` drafting cycle, whose
-    verdict is lazy, those of each position it may end at, picked by its verdict. A greedy
-    row reads none of them (its drafts and verdicts are argmaxes): zeros, without drawing
-    the stream (two generators a cycle, a tenth of a millisecond each)."""
-    if sequence.config.is_greedy:
-        return _unread_uniforms(num_draft)
-    if queued is None:
-        return cycle_uniforms(sequence.seed, len(sequence.tokens), num_draft)
-    candidates = np.stack(
-        [
-            _uniforms(sequence.seed, len(sequence.tokens) + committed, num_draft)
-            for committed in range(1, queued.draft.num_drafted + 2)
-        ]
-    )  # [k_queued + 1, 2 * num_draft + 1]
-    return mx.take(mx.array(candidates), queued.num_accepted, axis=0)[0]
-
-
-@functools.lru_cache(maxsize=16)
-def _unread_uniforms(num_draft: int) -> mx.array:
-    """[2k + 1] float32 zeros, evaluated: a greedy cycle's uniforms, which nothing reads."""
-    zeros = mx.zeros((2 * num_draft + 1,), mx.float32)
-    mx.eval(zeros)
-    return zeros
-
-
-def _lookup_masks(sequence: Sequence, tokens: list[mx.array]) -> list[mx.array]:
-    """Proposals that never saw the grammar (n-gram lookup, one-hot q): advance the grammar
-    through the longest prefix it allows and return the mask at each of those positions (a
-    forbidden token ends the draft: its q would be masked to nothing)."""
-    grammar = sequence.grammar
-    assert grammar is not None
-    masks = []
-    for token in tokens:
-        allowed = grammar.allowed()
-        token_id = scalar_int(token)
-        if allowed is None or not allowed[token_id]:
-            break
-        masks.append(mx.array(allowed))
-        grammar.consume(token_id)
-    return masks
 
 
 def grammar_masks(sequence: Sequence, draft: Draft, vocab_size: int) -> mx.array | None:

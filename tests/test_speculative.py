@@ -372,53 +372,6 @@ def test_ngram_drafter_is_exact_under_sampling_negative_control(small_vocab_engi
     assert _chi_square_pvalue(observed, exact, NUM_RUNS) < 1e-6
 
 
-def test_lookup_rows_propose_in_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows that draft from n-gram lookup this step (lookup drafters, and a lookup-first
-    mix whose source is the lookup) propose in one ``propose_batch`` call; the row whose
-    mix drafts from its model proposes on its own; every draft is the row's alone."""
-    from dataclasses import dataclass
-
-    from mtplx.drafters import LookupFirstDrafter
-    from mtplx.speculative import propose_rows
-
-    @dataclass(eq=False)
-    class Row:
-        tokens: list[int]
-        drafter: object
-        config: SamplerConfig = GREEDY
-        seed: int = 0
-        token_counts: None = None
-        grammar: None = None
-
-    vocab = 40
-    repeating = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
-    mixes = []
-    for source in ("ngram", "scripted"):
-        mix = LookupFirstDrafter(NgramDrafter(), ScriptedDrafter(list(range(30)), vocab))
-        mix.reset(repeating)
-        mix.use(source)
-        mixes.append(mix)
-    rows = [Row(repeating, NgramDrafter()), Row([1, 2, 1, 2], NgramDrafter())]
-    rows += [Row(repeating, mix) for mix in mixes]
-    calls: list[int] = []
-    one_pass = NgramDrafter.propose_batch
-
-    def counted(self, drafters, *args):  # type: ignore[no-untyped-def]
-        calls.append(len(drafters))
-        return one_pass(self, drafters, *args)
-
-    monkeypatch.setattr(NgramDrafter, "propose_batch", counted)
-    drafts = propose_rows([(row, 3) for row in rows], vocab)  # type: ignore[misc]
-    assert calls == [3]
-    for row, draft in zip(rows, drafts, strict=True):
-        assert not isinstance(draft, Exception)
-        alone = propose_rows([(row, 3)], vocab)[0]  # type: ignore[list-item]
-        assert not isinstance(alone, Exception)
-        assert draft.tokens.tolist() == alone.tokens.tolist() and draft.num_drafted == 3
-        assert all(np.array_equal(q, a) for q, a in zip(draft.qs, alone.qs, strict=True))
-    assert calls == [3]  # a row alone proposes through its own ``propose``
-
-
 def test_ngram_drafter_proposes_nothing_without_a_match() -> None:
     drafter = NgramDrafter()
     tokens, qs = drafter.propose([1, 2, 3], 3, DraftSampler(GREEDY, 10, mx.zeros(3)))
