@@ -42,6 +42,12 @@ __all__ = [
 ]
 
 
+def _int8_rows(int8: bool | None) -> bool:
+    """Whether the kernels quantize their rows to 8 bits: ``int8``, or the process's
+    ``activations_format`` where it is None (read when the graph is built)."""
+    return activations_format() == "int8" if int8 is None else int8
+
+
 def available() -> bool:
     """Whether the fused kernels serve here (CPU, extension built)."""
     if mx.default_device() != mx.cpu:
@@ -83,7 +89,7 @@ def before(
         head_dim,
         rope_dims,
         float(eps),
-        activations_format() == "int8" if int8 is None else int8,
+        _int8_rows(int8),
     )
     return q, k, v
 
@@ -114,7 +120,7 @@ def after(
         down.bits,
         down.group_size,
         float(eps),
-        activations_format() == "int8" if int8 is None else int8,
+        _int8_rows(int8),
     )
 
 
@@ -160,7 +166,7 @@ def head_into(
         *fc.arrays,
         fc.bits,
         fc.group_size,
-        activations_format() == "int8" if int8 is None else int8,
+        _int8_rows(int8),
     )
 
 
@@ -184,7 +190,7 @@ def head_out(
         *head.arrays,
         head.bits,
         head.group_size,
-        activations_format() == "int8" if int8 is None else int8,
+        _int8_rows(int8),
     )
     return logits, normed
 
