@@ -81,28 +81,36 @@ class Admission(EngineState):
     def has_room(self) -> bool:
         """Whether some sequence could join the batch now: a free slot, and the KV the
         running rows hold, plus what the prompts admitted since the last forward will take,
-        under ``max_kv_bytes`` (``has_room_for`` also counts the request's own prompt)."""
-        return self.has_room_for(None)
+        under ``max_kv_bytes`` (``has_room_for`` also counts a request's own prompt)."""
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        left = self._kv_bytes_left()
+        return left is None or left > 0
 
-    def has_room_for(self, request: GenerationRequest | None) -> bool:
+    def has_room_for(self, request: GenerationRequest) -> bool:
         """Whether ``request`` can join the batch now: a free slot, and the KV its prompt
         will take fits within ``max_kv_bytes`` beside what the running rows hold and what
         the prompts admitted since the last forward will take (``kv_bytes_due``). A request
         alone always starts (``validate`` refuses a prompt whose KV alone is over the
         bound). The bound is checked at admission: replies grow the KV past it as they
-        decode, as a vLLM server's running requests do. None: any request (the KV held
-        under the bound, no prompt counted)."""
+        decode, as a vLLM server's running requests do."""
         if len(self.running) >= self.max_num_seqs:
             return False
-        if not self.running or self.max_kv_bytes is None:
+        left = self._kv_bytes_left()
+        if left is None:
             return True
-        held = self.batched.kv_nbytes + self.kv_bytes_due
-        if request is None:
-            return held < self.max_kv_bytes
         own = self.prompt_kv_bytes(len(request.prompt_ids))
         if own is None:  # the target cannot say: the KV held under the bound suffices
-            return held < self.max_kv_bytes
-        return held + own <= self.max_kv_bytes
+            return left > 0
+        return own <= left
+
+    def _kv_bytes_left(self) -> int | None:
+        """What ``max_kv_bytes`` leaves beside the KV the running rows hold and will take
+        (``kv_bytes_due``); negative when they are past it. None: nothing binds (no bound,
+        or no row runs)."""
+        if not self.running or self.max_kv_bytes is None:
+            return None
+        return self.max_kv_bytes - self.batched.kv_nbytes - self.kv_bytes_due
 
     @property
     def kv_nbytes(self) -> int:
