@@ -43,12 +43,30 @@ class ServerMetrics:
         prefix_cache: Callable[[], PrefixCacheStats | None] | None = None,
         kv: Callable[[], KVUsage | None] | None = None,
     ) -> None:
+        """Every metric, registered on a fresh registry. The callables are read at each
+        scrape: the bridge's queue and batch gauges, the engine's prefix cache and KV (None:
+        the metric stays at 0, or absent for the collectors)."""
         self.registry = CollectorRegistry()
-        r = self.registry
         if prefix_cache is not None:
-            r.register(PrefixCacheCollector(prefix_cache))
+            self.registry.register(PrefixCacheCollector(prefix_cache))
         if kv is not None:
-            r.register(KVCollector(kv))
+            self.registry.register(KVCollector(kv))
+        self._define_request_metrics()
+        self._define_token_metrics()
+        self._define_speculative_metrics()
+        self._define_engine_metrics()
+        for gauge, read in (
+            (self.queue_depth, queue_depth),
+            (self.running, active),
+            (self.sequences_running, running_sequences),
+            (self.slow_readers, slow_readers),
+        ):
+            if read is not None:
+                gauge.set_function(read)
+
+    def _define_request_metrics(self) -> None:
+        """Per HTTP request, by endpoint: count by status, latency, time to first token."""
+        r = self.registry
         self.requests = Counter(
             "mtplx_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
             registry=r,
@@ -61,8 +79,17 @@ class ServerMetrics:
             "mtplx_time_to_first_token_seconds", "Arrival to first generated token",
             ["endpoint"], buckets=_TTFT_BUCKETS, registry=r,
         )  # fmt: skip
+
+    def _define_token_metrics(self) -> None:
+        """Prompt tokens processed and generated tokens sent."""
+        r = self.registry
         self.prompt_tokens = Counter("mtplx_prompt_tokens", "Prompt tokens processed", registry=r)
         self.generation_tokens = Counter("mtplx_generation_tokens", "Tokens generated", registry=r)
+
+    def _define_speculative_metrics(self) -> None:
+        """The speculative-decoding counters, named as vLLM's: cycles, drafts, draft and
+        accepted tokens, and both per draft position."""
+        r = self.registry
         self.cycles = Counter("mtplx_spec_decode_cycles", "Verify forwards", registry=r)
         self.drafts = Counter(
             "mtplx_spec_decode_num_drafts", "Cycles that verified draft tokens", registry=r
@@ -81,11 +108,20 @@ class ServerMetrics:
             "mtplx_spec_decode_num_draft_tokens_per_pos",
             "Draft tokens proposed at each draft position", ["position"], registry=r,
         )  # fmt: skip
+
+    def _define_engine_metrics(self) -> None:
+        """The engine's queue and batch gauges (set to read the bridge in ``__init__``) and
+        what each of its steps ran: rows, tokens committed, seconds."""
+        r = self.registry
         self.queue_depth = Gauge("mtplx_queue_depth", "Requests waiting for the engine", registry=r)
         self.running = Gauge("mtplx_requests_running", "Requests the engine is running", registry=r)
         self.sequences_running = Gauge(
             "mtplx_sequences_running", "Sequences (batch rows) the engine is decoding", registry=r
         )
+        self.slow_readers = Gauge(
+            "mtplx_slow_reader_cancellations",
+            "Requests cancelled because their client stopped reading", registry=r,
+        )  # fmt: skip
         self.batch_size = Histogram(
             "mtplx_batch_size", "Rows per engine step", buckets=_BATCH_BUCKETS, registry=r
         )
@@ -97,18 +133,6 @@ class ServerMetrics:
             "mtplx_step_duration_seconds", "Seconds per engine step",
             buckets=_STEP_BUCKETS, registry=r,
         )  # fmt: skip
-        self.slow_readers = Gauge(
-            "mtplx_slow_reader_cancellations",
-            "Requests cancelled because their client stopped reading", registry=r,
-        )  # fmt: skip
-        if slow_readers is not None:
-            self.slow_readers.set_function(slow_readers)
-        if running_sequences is not None:
-            self.sequences_running.set_function(running_sequences)
-        if queue_depth is not None:
-            self.queue_depth.set_function(queue_depth)
-        if active is not None:
-            self.running.set_function(active)
 
     def observe_step(self, rows: int, tokens: int, seconds: float) -> None:
         """One engine step: its batch rows, the tokens it committed, its duration."""
