@@ -18,6 +18,7 @@ from mtplx.models.slot_target import SlotTarget
 from mtplx.prefix_cache import BLOCK_SIZE
 from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
 from mtplx.sampling import SamplerConfig
+from mtplx.sequence import Sequence
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.test_engine import load_fixture
 from tests.test_engine_batching import run_batch
@@ -305,20 +306,32 @@ def test_prompts_do_not_wait_for_blocks_the_budget_cannot_keep(cold: Engine, blo
         )
         for i in range(4)
     ]
-    plain = Engine(cold.model)
     cached = _cached_engine(cold, max(blocks * block_bytes, 1))  # less than the shared prompt
     assert cached.prefix_cache.block_bytes == block_bytes  # type: ignore[union-attr]
-    for engine in (plain, cached):
-        # Steps counted with a budget in tokens (a key's price negligible): with the cache
-        # the first prompt's first token comes a step before the others', and beside its
-        # decoding a budget in cost prices their chunks by their depth
-        # (``tests/test_schedule.py``), which is not what this test counts.
-        engine.keys_per_token = 10**12
-    without = _first_token_steps(plain, requests)
-    with_cache = _first_token_steps(cached, requests)
-    # Waiting for a prompt fed beside to cache blocks that the budget evicts at once would
-    # only delay the others (each behind the one before it).
-    if blocks == 0:
-        assert with_cache == without
-    else:  # the first goes alone while the others wait for the two blocks they copy
-        assert max(with_cache) <= max(without) + 1
+    if blocks == 0:  # nothing to wait for: the steps of an engine without the cache
+        assert _first_token_steps(cached, requests) == _first_token_steps(
+            Engine(cold.model), requests
+        )
+        return
+    # The first prompt goes alone while the others wait for the blocks the budget keeps;
+    # they copy them, then feed the rest side by side. Waiting for blocks the budget evicts
+    # at once would only delay them, each behind the one before it. (Counted in positions
+    # fed, not in steps to a first token against an engine without the cache: there the
+    # four prompts feed while nothing decodes, here the others feed beside the first one's
+    # decoding, where their chunks are priced by their depth.)
+    positions: list[list[int]] = []  # the others' prompt positions fed, step by step
+    first: dict[int, int] = {}  # the step of each prompt's first token
+    rows: dict[int, Sequence] = {}
+
+    def on_step(step: int, running: dict[int, Sequence]) -> None:
+        rows.update(running)
+        positions.append([running[index].num_prefilled for index in (1, 2, 3)])
+        for index, sequence in running.items():
+            if sequence.prefilled:
+                first.setdefault(index, step)
+
+    run_batch(cached, requests, on_step=on_step)
+    kept = blocks * BLOCK_SIZE
+    assert [rows[index].stats.cached_tokens for index in (1, 2, 3)] == [kept] * 3
+    assert first[0] < first[1] == first[2] == first[3]
+    assert all(max(fed) - min(fed) < BLOCK_SIZE for fed in positions)
