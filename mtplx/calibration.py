@@ -19,6 +19,14 @@ processes kept a large share of the CPUs busy serves its own run but is not cach
 cached one is checked at load against a fresh timing of the plain step (a few steps, ~1 s)
 and measured again when a quiet machine no longer matches it (another BLAS, CPU frequency or
 host).
+
+A cache file is trusted only when it names this code's ``CALIBRATION_VERSION``, this model
+and this key, and holds a cost model of this engine's shape (its batch sizes and drafters,
+finite non-negative seconds); any other (another version's, a truncated or hand-edited one)
+is ignored with a warning and measured again. It is written whole or not at all (a private
+temporary file renamed into place), so a process stopped while it calibrates or writes
+leaves nothing a later start reads. Where the cache cannot be written (``MTPLX_HOME`` read
+only) the costs are measured once, for this run, with one warning before the measuring.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import math
 import os
 import platform
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -213,7 +222,15 @@ def calibrate(engine: Engine, rounds: int = 3) -> StepCosts:
 
 def _cache_path(engine: Engine) -> Path:
     """Where ``engine``'s calibration is cached: keyed by the checkpoint (path, size and
-    time of its files), the machine, the BLAS and the engine's shape."""
+    time of its files), the machine, the BLAS and the engine's shape (the file's name ends
+    with the key, ``_cache_key``)."""
+    home = os.environ.get("MTPLX_HOME")
+    root = Path(home) if home else Path.home() / ".cache" / "mtplx"
+    return root / "calibration" / f"{engine.model_name}-{_cache_key(engine)}.json"
+
+
+def _cache_key(engine: Engine) -> str:
+    """The digest of everything a calibration of ``engine`` depends on."""
     from mtplx.blas import blas_info
 
     path = Path(engine.model.path)
@@ -238,10 +255,7 @@ def _cache_path(engine: Engine) -> Path:
             *filter(None, [engine.batched.calibration_key]),
         ]
     )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    home = os.environ.get("MTPLX_HOME")
-    root = Path(home) if home else Path.home() / ".cache" / "mtplx"
-    return root / "calibration" / f"{engine.model_name}-{digest}.json"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _cpu_model() -> str:
@@ -259,11 +273,102 @@ def plain_step_seconds(engine: Engine, rounds: int = 3) -> float:
     return time_steps(engine, 1, (0,), rounds)[0]
 
 
-def _read_cache(path: Path) -> StepCosts | None:
+# The fields of a cached cost model (``StepCosts.to_dict``: what was measured).
+_MEASURED_FIELDS = sorted(StepCosts([1], [1.0], [0.0]).to_dict())
+
+
+class UnusableCache(ValueError):
+    """A cache file that is not a calibration of this engine by this code (the reason)."""
+
+
+def _read_cache(engine: Engine, path: Path) -> StepCosts | None:
+    """The calibration cached at ``path`` when it is one of ``engine`` by this code; None
+    when there is none, or (with a warning) when the file is not to be trusted."""
     try:
-        return StepCosts(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        text = path.read_text()
+    except (FileNotFoundError, NotADirectoryError):  # none cached (or no directory for one)
         return None
+    except (OSError, UnicodeDecodeError) as exc:
+        logger.warning("cannot read the cached calibration %s (%s): measuring again", path, exc)
+        return None
+    try:
+        return parse_cache(text, engine)
+    except UnusableCache as exc:
+        logger.warning("ignoring the cached calibration %s: %s; measuring again", path, exc)
+        return None
+
+
+def cache_document(engine: Engine, costs: StepCosts) -> dict[str, object]:
+    """The JSON document a calibration of ``engine`` is cached as: the costs, stamped with
+    the code's version, the model and the cache key."""
+    return {
+        "version": CALIBRATION_VERSION,
+        "model": engine.model_name,
+        "key": _cache_key(engine),
+        "costs": costs.to_dict(),
+    }
+
+
+def parse_cache(text: str, engine: Engine) -> StepCosts:
+    """The step costs of a cache file's ``text``; raises ``UnusableCache`` (saying why)
+    unless it is a ``cache_document`` of ``engine`` by this code whose costs have this
+    engine's shape: its batch sizes, a drafting line for each of its model drafters up to
+    its depth, and finite non-negative seconds (positive plain steps)."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise UnusableCache(f"not valid JSON (truncated or corrupt: {exc})") from None
+    if not isinstance(document, dict) or not isinstance(document.get("costs"), dict):
+        raise UnusableCache(
+            "not a calibration (no version stamp: an older MTPLX's, or another file)"
+        )
+    version = document.get("version")
+    if version != CALIBRATION_VERSION:
+        raise UnusableCache(
+            f"calibration version {version!r}, this MTPLX's is {CALIBRATION_VERSION}"
+        )
+    if document.get("model") != engine.model_name or document.get("key") != _cache_key(engine):
+        raise UnusableCache(
+            f"measured for another model, machine or engine shape ({document.get('model')!r})"
+        )
+    costs = document["costs"]
+    if sorted(costs) != _MEASURED_FIELDS:
+        raise UnusableCache(f"fields {sorted(costs)}, not {_MEASURED_FIELDS}")
+    expected = {
+        "batch_sizes": [b for b in BATCH_SIZES if b <= engine.max_num_seqs],
+        "drafters": sorted(n for n in MODEL_DRAFTERS if n in engine.available_drafters),
+    }
+    if costs.get("batch_sizes") != expected["batch_sizes"]:
+        raise UnusableCache(
+            f"batch sizes {costs.get('batch_sizes')!r}, not {expected['batch_sizes']}"
+        )
+    rows = len(expected["batch_sizes"])
+    for name in ("plain", "per_token", "sync"):
+        _check_seconds(name, costs.get(name), rows, positive=name == "plain")
+    drafting = costs.get("drafting")
+    if not isinstance(drafting, dict) or sorted(drafting) != expected["drafters"]:
+        raise UnusableCache(f"drafting costs for {drafting!r}, not {expected['drafters']}")
+    for name, line in drafting.items():
+        _check_seconds(f"drafting[{name!r}]", line, engine.max_adaptive_depth + 1)
+    return StepCosts(**costs)
+
+
+def _check_seconds(name: str, values: object, length: int, positive: bool = False) -> None:
+    """Raise ``UnusableCache`` unless ``values`` is a list of ``length`` finite seconds >= 0
+    (> 0 where ``positive``)."""
+    ok = (
+        isinstance(values, list)
+        and len(values) == length
+        and all(
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and (v > 0 if positive else v >= 0)
+            for v in values
+        )
+    )
+    if not ok:
+        raise UnusableCache(f"{name} is {values!r}: not {length} finite seconds")
 
 
 def _still_fits(engine: Engine, cached: StepCosts, path: Path) -> bool:
@@ -298,12 +403,23 @@ def _still_fits(engine: Engine, cached: StepCosts, path: Path) -> bool:
 
 def load_or_calibrate(engine: Engine) -> StepCosts:
     """The cached calibration of ``engine`` while the machine still matches it, or a new one
-    (then cached, unless other processes loaded the machine while it was measured)."""
+    (then cached, unless other processes loaded the machine while it was measured or the
+    cache cannot be written)."""
     path = _cache_path(engine)
-    cached = _read_cache(path)
+    cached = _read_cache(engine, path)
     if cached is not None and _still_fits(engine, cached, path):
         logger.info("step costs loaded from %s", path)
         return cached
+    unwritable = _cannot_write(path.parent)
+    if unwritable:
+        logger.warning(
+            "the calibration cannot be cached in %s (%s): the step costs measured now serve "
+            "this run only, and every start measures them again (make MTPLX_HOME writable "
+            "to keep them)",
+            path.parent,
+            unwritable,
+        )
+    logger.info("measuring the step costs of this machine for %s", engine.model_name)
     started, cpu_before = time.perf_counter(), host_load.snapshot()
     costs = calibrate(engine)
     load = host_load.background_load(cpu_before, host_load.snapshot())
@@ -321,11 +437,37 @@ def load_or_calibrate(engine: Engine) -> StepCosts:
             load * 100,
         )
         return costs
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(costs.to_dict()))
-        os.replace(tmp, path)
-    except OSError:
-        logger.warning("could not cache the calibration at %s", path)
+    if not unwritable:
+        _write_cache(path, cache_document(engine, costs))
     return costs
+
+
+def _cannot_write(directory: Path) -> str | None:
+    """Why no file can be created in ``directory`` (created first where missing); None
+    when one can. Asked before measuring, so that the warning comes before the minutes."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _write_cache(path: Path, document: dict[str, object]) -> None:
+    """Write ``document`` to ``path`` whole or not at all: into a private temporary file in
+    its directory (a concurrent writer has its own), flushed to disk, then renamed over
+    ``path``. One attempt; a failure is a warning."""
+    tmp = None
+    try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+        tmp = Path(name)
+        with os.fdopen(fd, "w") as f:
+            json.dump(document, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.warning("could not cache the calibration at %s: %s", path, exc)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
