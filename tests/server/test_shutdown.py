@@ -128,3 +128,54 @@ def test_second_sigint_ends_streams_with_an_error_event_and_exits_non_zero(
         assert payloads[-1] == "[DONE]"
         assert json.loads(payloads[-2])["error"]["code"] == "server_shutting_down"
     assert "interrupted twice" in log.read_text() and "Traceback" not in log.read_text()
+
+
+# ``mtplx serve`` whose start-up calibration goes on until the process ends: measuring the
+# tiny checkpoint's step costs takes well under a second, too short to be sure a signal
+# lands inside it.
+_ENDLESS_CALIBRATION = """
+import sys
+from mtplx import calibration
+measure = calibration.calibrate
+
+def endless(engine, rounds=3):
+    while True:
+        measure(engine, rounds=1)
+
+calibration.calibrate = endless
+sys.argv[0] = "mtplx"
+from mtplx.cli import run
+run()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_calibrating_exits_at_once_and_caches_nothing(
+    tiny_checkpoint: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    settings = {f"MTPLX_{name.upper()}" for name in ServerSettings.model_fields}
+    env = {k: v for k, v in os.environ.items() if k.upper() not in settings}
+    env["PYTHONPATH"] = str(ROOT)
+    home = Path(env.get("MTPLX_HOME") or Path.home() / ".cache" / "mtplx")
+    cached = set((home / "calibration").glob("*"))
+    log = tmp_path / "server.log"
+    command = [
+        sys.executable, "-c", _ENDLESS_CALIBRATION, "serve", str(tiny_checkpoint),
+        "--port", str(free_port()), "--log-level", "info",
+    ]  # fmt: skip
+    with log.open("w") as output:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output)
+    try:
+        deadline = time.monotonic() + 120
+        while "measuring the step costs" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        time.sleep(0.5)  # inside the steps
+        process.send_signal(sig)
+        # A model still loading cannot be interrupted, but the process does not wait for it.
+        assert process.wait(30) == 0, log.read_text()[-2000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "Traceback" not in log.read_text()
+    assert set((home / "calibration").glob("*")) <= cached  # no file, whole or half
