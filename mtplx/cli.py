@@ -122,6 +122,9 @@ def run() -> NoReturn:
     code = main(argv)
     if argv[:1] != ["serve"]:
         sys.exit(code)
+    from mtplx.build_dirs import remove_stand_ins
+
+    remove_stand_ins()  # atexit does not run past os._exit
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -45,6 +45,7 @@ from types import ModuleType
 import mlx.core as mx
 
 from mtplx.blas_shim import Unavailable, cpu_features
+from mtplx.build_dirs import writable_build_dir
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +211,10 @@ def build(variant: str) -> Path:
     target, where = _target(variant)
     if target.exists():
         return target
+    # Built for this run only where MTPLX_HOME cannot be written (``mtplx.build_dirs``).
+    target = writable_build_dir(target.parent) / target.name
+    if target.exists():
+        return target
     nb, mlx_root = Path(str(where["nb"])), Path(str(where["mlx"]))
     cc, cxx = _compilers()
     includes = [
@@ -274,6 +279,8 @@ def _nanobind_object(cxx: str, nb: Path, includes: list[str]) -> Path:
         "\n".join([cxx, " ".join(flags), (nb / "__init__.py").read_text(), sys.version]).encode()
     ).hexdigest()[:16]
     target = cache_dir() / f"nanobind-{key}.o"
+    if not target.exists():
+        target = writable_build_dir(target.parent) / target.name
     if not target.exists():
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / "nb.o"

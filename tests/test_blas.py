@@ -159,6 +159,24 @@ def test_missing_compiler_falls_back_with_a_warning(tmp_path: Path) -> None:
     assert "no C compiler (no-such-compiler)" in done.stderr
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux-only fast path")
+def test_an_unwritable_home_still_gets_the_fast_blas_built_for_the_run(tmp_path: Path) -> None:
+    # MTPLX_HOME below a file cannot be made: the shim is built into a temporary directory
+    # (removed at exit) rather than the process falling back to the reference BLAS.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = _run(
+        "import mtplx\nimport mlx.core\nfrom mtplx.blas import blas_info\n"
+        "print(blas_info().fast)\n",
+        {"MTPLX_BLAS": "auto", "MTPLX_HOME": str(blocker / "home")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True", done.stderr
+    assert "cannot write the build cache" in done.stderr and "for this run only" in done.stderr
+    stand_in = Path(done.stderr.split("building into ")[1].split()[0])
+    assert not stand_in.exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # Batch invariance: a token's numbers do not depend on how many tokens share the forward
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,62 @@
+"""Where the kernels compiled on first use are written when ``$MTPLX_HOME`` cannot take them.
+
+The BLAS shim (``mtplx.blas_shim``) and the quantized kernel (``mtplx.quant``) are built into
+``$MTPLX_HOME/blas`` and ``$MTPLX_HOME/quant`` and reused from there. Where that directory
+cannot be written (``MTPLX_HOME`` read only, or under a file) a library already there is
+still used; one that must be built goes into a private temporary directory of this process
+instead, removed at exit (``remove_stand_ins``), with one warning. Without it the process
+would run on the slow fallbacks (the reference BLAS, quantized weights dequantized to
+float32): every step, the start-up calibration's included, several times slower. The price
+is a build at every start.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+__all__ = ["remove_stand_ins", "writable_build_dir"]
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_fallbacks: dict[Path, Path] = {}  # a cache directory that cannot be written -> its stand-in
+
+
+def writable_build_dir(directory: Path) -> Path:
+    """``directory`` (created where missing) when a file can be created in it; else this
+    process's private temporary stand-in for it (made once, with one warning)."""
+    with _lock:
+        if directory in _fallbacks:
+            return _fallbacks[directory]
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+            return directory
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+        stand_in = Path(tempfile.mkdtemp(prefix=f"mtplx-{directory.name}-"))  # mode 0700
+        if not _fallbacks:
+            atexit.register(remove_stand_ins)
+        _fallbacks[directory] = stand_in
+    logger.warning(
+        "cannot write the build cache %s (%s): building into %s for this run only (make "
+        "MTPLX_HOME writable to build once)",
+        directory,
+        reason,
+        stand_in,
+    )
+    return stand_in
+
+
+def remove_stand_ins() -> None:
+    """Remove this process's temporary build directories (a library loaded from one stays
+    mapped). Runs at exit; ``mtplx serve``, which leaves through ``os._exit``, calls it."""
+    with _lock:
+        for stand_in in _fallbacks.values():
+            shutil.rmtree(stand_in, ignore_errors=True)
