@@ -334,20 +334,15 @@ def parse_cache(text: str, engine: Engine) -> StepCosts:
     costs = document["costs"]
     if sorted(costs) != _MEASURED_FIELDS:
         raise UnusableCache(f"fields {sorted(costs)}, not {_MEASURED_FIELDS}")
-    expected = {
-        "batch_sizes": [b for b in BATCH_SIZES if b <= engine.max_num_seqs],
-        "drafters": sorted(n for n in MODEL_DRAFTERS if n in engine.available_drafters),
-    }
-    if costs.get("batch_sizes") != expected["batch_sizes"]:
-        raise UnusableCache(
-            f"batch sizes {costs.get('batch_sizes')!r}, not {expected['batch_sizes']}"
-        )
-    rows = len(expected["batch_sizes"])
+    sizes = [b for b in BATCH_SIZES if b <= engine.max_num_seqs]
+    if costs.get("batch_sizes") != sizes:
+        raise UnusableCache(f"batch sizes {costs.get('batch_sizes')!r}, not {sizes}")
     for name in ("plain", "per_token", "sync"):
-        _check_seconds(name, costs.get(name), rows, positive=name == "plain")
+        _check_seconds(name, costs.get(name), len(sizes), positive=name == "plain")
+    drafters = sorted(n for n in MODEL_DRAFTERS if n in engine.available_drafters)
     drafting = costs.get("drafting")
-    if not isinstance(drafting, dict) or sorted(drafting) != expected["drafters"]:
-        raise UnusableCache(f"drafting costs for {drafting!r}, not {expected['drafters']}")
+    if not isinstance(drafting, dict) or sorted(drafting) != drafters:
+        raise UnusableCache(f"drafting costs for {drafting!r}, not {drafters}")
     for name, line in drafting.items():
         _check_seconds(f"drafting[{name!r}]", line, engine.max_adaptive_depth + 1)
     return StepCosts(**costs)
