@@ -183,9 +183,11 @@ typedef struct {
     /* Integer-dot mode (mtplx_qmm_int8): the rows quantized to 8 bits per group. */
     int int8;
     const int8_t *x8; /* [M, KP] in the variant's element order (see quantize_rows) */
-    const float *dx;  /* [M, T, 16] each term lane's step d (0 in padding) */
+    const float *dx;  /* [M, T, 16] each term lane's step d (0 in padding; a unit block's
+                       * lanes at its first term's place, see quantize_rows) */
     const float *xs;  /* [M, GB] each group's d * S (0 in padding) */
     int KP, T, GB;    /* K padded to whole terms, the terms, G padded to 16 */
+    int NB;           /* leading blocks summed by units (8-bit weights; 0 for 4-bit) */
 } qmm_t;
 
 /* A scale or bias, element i of row: float32, or float16 when half (half the bytes to read;
@@ -635,6 +637,12 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scale
  *     padded with zeros; lane L of term t covers the E / 16 consecutive elements
  *     k = t E + L E / 16 + i (i < E / 16), all in one group g(t, L), and holds their exact
  *     integer sum P = sum q[n, k] x8[m, k];
+ *   8-bit weights first sum their whole blocks of 16 units (a unit: 16 consecutive
+ *     elements, 16 weight bytes, inside one group; a block: 256 elements), one lane a unit:
+ *     for blocks c < K / 256 ascending, lane L takes unit u = 16 c + block_unit(L)
+ *     (4 (L % 4) + L / 4), P its exact integer sum, g its group:
+ *                     acc[L] = fma(scale[n, g] * d[m, g], P, acc[L]);
+ *     then the terms after the blocks (4-bit weights: every term) as follows;
  *   for t ascending:  acc[L] = fma(scale[n, g] * d[m, g], P, acc[L])   (the product rounded,
  *     then one fused multiply-add; lanes past K have scale = d = P = 0);
  *   then the biases, 16 groups at a time, ascending (G padded to 16 with zeros):
@@ -650,9 +658,15 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scale
  *
  * Cost: a lane sums 8 (4-bit) or 4 (8-bit) products in integers, and each lane of each term
  * costs one conversion, one multiply and one multiply-add per row and column (llama.cpp:
- * the same per block of 32, on 8 lanes); nothing is transposed or summed across lanes but
- * once per element. A tile of rows x columns shares each term's weight loads and unpacking
- * (the columns') and each row's loads (the rows').
+ * the same per block of 32, on 8 lanes). An 8-bit unit block's lanes sum 16 products
+ * each: AVX-512 VNNI builds transpose a column's 256 block bytes in registers (their 32-bit
+ * words within each 128-bit quarter: 8 shuffles, shared by the tile's rows) so that four
+ * vpdpbusd leave whole units in the lanes, and the float steps run once per 16 elements
+ * instead of 4; other builds sum each term's lanes per quarter (the same integers). 4-bit
+ * weights keep the terms: their 8 products a lane leave less float work to save than the
+ * transpose costs (benchmarks/results/2026-12-03-int8-lanes-order/). A tile of rows x
+ * columns shares each term's weight loads and unpacking (the columns') and each row's loads
+ * (the rows').
  *
  * vpmaddubsw adds two u8 x s8 products into an int16 with saturation: 4-bit weights (at
  * most 2 x 15 x 127) never reach it, 8-bit ones (2 x 255 x 127) would, so 8-bit weights are
@@ -660,8 +674,9 @@ int mtplx_qmm(const float *x, int M, int K, const uint32_t *w, const void *scale
  *
  * Element order: x8 is stored in the order the variant's weight loads produce. 4-bit weights
  * are unpacked low nibbles (even elements) first, then high nibbles (odd elements), per
- * XCHUNK elements; 8-bit weights and the portable variant keep the natural order. A lane's
- * elements are the same set in every variant.
+ * XCHUNK elements; 8-bit weights and the portable variant keep the natural order, but for
+ * an AVX-512 VNNI build's 8-bit unit blocks (see quantize_rows). A lane's elements are the
+ * same set in every variant.
  */
 #if defined(__AVX512BW__)
 #define XCHUNK 128 /* a 64-byte load of packed 4-bit weights */
@@ -718,6 +733,22 @@ static inline v16f load16(const float *p) {
     return v;
 }
 
+/* 8-bit unit blocks (see above): a unit is 16 weight bytes (16 elements), a block 16 units.
+ * Lane L of a block takes unit block_unit(L) of it: the 4 x 4 transpose of 32-bit words
+ * within each 128-bit quarter of four 64-byte loads puts unit 4 p + b in lane 4 b + p (an
+ * involution: the unit's lane is block_unit(unit) too). */
+static inline int block_unit(int l) { return 4 * (l % 4) + l / 4; }
+
+/* AVX-512 VNNI builds transpose a unit block's weights in registers (once per column, for
+ * all the rows), so a lane's integer products are one unit's; their rows' x8 is stored to
+ * match. Other builds sum each term's integer lanes per quarter instead (the same
+ * integers). */
+#if defined(__AVX512VNNI__)
+#define I8_TRANSPOSED 1
+#else
+#define I8_TRANSPOSED 0
+#endif
+
 /* Where element k of a row goes in its x8 row (4-bit weights; 8-bit keep k). */
 static inline long x8_position(long k) {
 #if XCHUNK
@@ -759,8 +790,10 @@ static __thread kept_t kept_steps; /* quantize_rows's per-group steps */
 /* The rows quantized per group (see above): x8 [M, KP] (padding zero), each term lane's d
  * [M, T, 16] and each group's d * S [M, GB] (0 in padding). */
 static void quantize_rows(const float *x, int M, int K, int group, int bits, int KP, int T,
-                          int GB, int8_t *x8, float *dx, float *xs) {
-    const int G = K / group, E = TERM(bits), per = E / 16;
+                          int NB, int GB, int8_t *x8, float *dx, float *xs) {
+    const int G = K / group, E = TERM(bits), per = E / 16, upg = group * bits / 128;
+    /* Elements in unit blocks, stored in the transposed order (I8_TRANSPOSED). */
+    const long blocked = I8_TRANSPOSED ? (long)NB * 256 : 0;
     float *d = kept_scratch(&kept_steps, sizeof(float) * (size_t)G);
     memset(x8, 0, (size_t)M * KP);
     for (int m = 0; m < M; m++) {
@@ -815,8 +848,21 @@ static void quantize_rows(const float *x, int M, int K, int group, int bits, int
 #endif
                 for (int i = 0; i < group; i++) sum += qs[i];
                 const long k0 = (long)g * group;
+                if (k0 < blocked) {
+                    /* 8-bit, a group in one unit block (upg divides 16): unit u's elements
+                     * 4 j + i at j 64 + 4 L + i of its block, L its lane (block_unit), as the
+                     * transposed weights' 32-bit word j of lane L holds them. */
+                    for (int uu = 0; uu < upg; uu++) {
+                        const long u = (long)g * upg + uu;
+                        const int *qu = qs + uu * 16;
+                        int8_t *base = out + (u / 16) * 256 + 4 * block_unit((int)(u % 16));
+                        for (int j = 0; j < 4; j++)
+                            for (int i = 0; i < 4; i++) base[j * 64 + i] = (int8_t)qu[4 * j + i];
+                    }
+                    stored = 1;
+                }
 #if XCHUNK
-                if (bits == 4 && group <= XCHUNK && XCHUNK % group == 0) {
+                if (!stored && bits == 4 && group <= XCHUNK && XCHUNK % group == 0) {
                     /* The group lies in one XCHUNK: its even elements go to consecutive
                      * places from x8_position(k0), its odd ones from XCHUNK / 2 further. */
                     int8_t *even = out + x8_position(k0), *odd = even + XCHUNK / 2;
@@ -839,7 +885,10 @@ static void quantize_rows(const float *x, int M, int K, int group, int bits, int
         for (int g = G; g < GB; g++) xs[(long)m * GB + g] = 0.0f;
         for (int t = 0; t < T; t++)
             for (int l = 0; l < 16; l++) {
-                const int g = (t * E + l * per) / group;
+                /* unit block t / 4: its lanes' steps at term 4 c's place (the block's other
+                 * terms' places unused); a term's after the blocks */
+                const int g = t < 4 * NB ? (t % 4 ? G : (4 * t + block_unit(l)) / upg)
+                                         : (t * E + l * per) / group;
                 dx[((long)m * T + t) * 16 + l] = g < G ? d[g] : 0.0f;
             }
     }
@@ -1029,6 +1078,33 @@ static inline __attribute__((always_inline)) v16f term_scales(const void *row, i
 #endif
 }
 
+/* A column's scales for block c's lanes: lane L = row[g(16 c + block_unit(L))], 0 past G.
+ * row: the column's G parameters; upg: units a group (group * bits / 128). */
+static inline __attribute__((always_inline)) v16f block_scales(const void *row, int c, int G,
+                                                                const int upg,
+                                                                const int half) {
+#if defined(__AVX512BW__)
+    const int per = 16 / upg, g0 = c * per; /* the block's groups */
+    const int count = G - g0 < per ? G - g0 : per;
+    const __mmask16 mask = (__mmask16)((1u << count) - 1);
+    const __m512 v = half ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, (const uint16_t *)row + g0))
+                          : _mm512_maskz_loadu_ps(mask, (const float *)row + g0);
+    /* lane L: the group of unit block_unit(L), 4 (L % 4) + L / 4, relative to g0 */
+    __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    if (upg == 2) idx = _mm512_srli_epi32(idx, 1);
+    else if (upg == 4) idx = _mm512_srli_epi32(idx, 2);
+    else if (upg == 8) idx = _mm512_srli_epi32(idx, 3);
+    return _mm512_permutexvar_ps(idx, v);
+#else
+    v16f out;
+    for (int l = 0; l < 16; l++) {
+        const int g = (16 * c + block_unit(l)) / upg;
+        out[l] = g < G ? param_at(row, g, half) : 0.0f;
+    }
+    return out;
+#endif
+}
+
 /* A column's biases for groups 16 c .. 16 c + 15, 0 past G (row: the column's G biases). */
 static inline __attribute__((always_inline)) v16f bias_lanes(const void *row, int c, int G,
                                                               const int half) {
@@ -1106,6 +1182,110 @@ static inline __attribute__((always_inline)) void term_int8(
     }
 }
 
+/* Each 128-bit quarter's four integer lanes summed, in all four (exact). */
+static inline __attribute__((always_inline)) v16i quarter_sums(v16i v) {
+#if defined(__AVX512F__)
+    __m512i a;
+    memcpy(&a, &v, sizeof a);
+    a = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, _MM_PERM_CDAB));
+    a = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, _MM_PERM_BADC));
+    memcpy(&v, &a, sizeof v);
+    return v;
+#else
+    v = v + __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return v + __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+#endif
+}
+
+/* fma(a, b, c) in the lanes L with L % 4 == sel; c's other lanes as they are. */
+static inline __attribute__((always_inline)) v16f fma16_sel(v16f a, v16f b, v16f c,
+                                                           const int sel) {
+#if defined(__AVX512F__)
+    return _mm512_mask3_fmadd_ps(a, b, c, (__mmask16)(0x1111u << sel));
+#elif defined(__FMA__)
+    const v16f f = fma16(a, b, c);
+    const v16i lane = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+    const v16i take = lane == sel; /* all ones where taken */
+    v16i fi, ci;
+    memcpy(&fi, &f, sizeof fi);
+    memcpy(&ci, &c, sizeof ci);
+    const v16i out = (fi & take) | (ci & ~take);
+    memcpy(&c, &out, sizeof c);
+    return c;
+#else
+    for (int l = sel; l < 16; l += 4) c[l] = __builtin_fmaf(a[l], b[l], c[l]); /* fused always */
+    return c;
+#endif
+}
+
+/* Term t of a unit block by its integer lanes (builds without I8_TRANSPOSED): C columns'
+ * weights loaded and unpacked once, applied to R rows; each quarter b of the term's lanes is
+ * unit 4 t + b's sum, added to lane 4 b + t % 4 of the accumulators (its lane, block_unit).
+ * sc: the block's scales. */
+static inline __attribute__((always_inline)) void term_units(
+    const qmm_t *p, int m0, const int R, const int C, int t, const int bits,
+    const uint8_t *const *wc, const v16f *sc, v16f acc[][I8_MAXC]) {
+    const int E = TERM(bits);
+    const long term_bytes = (long)E * bits / 8;
+    wterm u[I8_MAXC];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) u[c] = unpack_term(wc[c] + t * term_bytes, bits, -1);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        const int8_t *xr = p->x8 + (long)(m0 + r) * p->KP + (long)t * E;
+        const v16f dx = load16(p->dx + ((long)(m0 + r) * p->T + t / 4 * 4) * 16);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            const v16i P = quarter_sums(dot_term(u[c], xr, bits));
+            acc[r][c] = fma16_sel(sc[c] * dx, __builtin_convertvector(P, v16f), acc[r][c],
+                                  t % 4); /* exact P: |P| < 2^24 */
+        }
+    }
+}
+
+#if I8_TRANSPOSED
+/* 8-bit unit block blk of a tile: each column's 256 block bytes loaded once, their 32-bit
+ * words transposed within 128-bit quarters (lane L: unit block_unit(L)), then R rows'
+ * integer sums of whole units (x8 stored to match, see quantize_rows), one conversion and
+ * multiply-add per lane. */
+static inline __attribute__((always_inline)) void block_int8(const qmm_t *p, int m0,
+                                                             const int R, const int C, int blk,
+                                                             const uint8_t *const *wc,
+                                                             const v16f *sc,
+                                                             v16f acc[][I8_MAXC]) {
+    const int8_t *xb = p->x8 + (long)m0 * p->KP + (long)blk * 256;
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) {
+        const uint8_t *w = wc[c] + (long)blk * 256;
+        const __m512i r0 = _mm512_loadu_si512(w), r1 = _mm512_loadu_si512(w + 64);
+        const __m512i r2 = _mm512_loadu_si512(w + 128), r3 = _mm512_loadu_si512(w + 192);
+        const __m512i a = _mm512_unpacklo_epi32(r0, r1), b = _mm512_unpackhi_epi32(r0, r1);
+        const __m512i e = _mm512_unpacklo_epi32(r2, r3), f = _mm512_unpackhi_epi32(r2, r3);
+        const __m512i o[4] = {_mm512_unpacklo_epi64(a, e), _mm512_unpackhi_epi64(a, e),
+                              _mm512_unpacklo_epi64(b, f), _mm512_unpackhi_epi64(b, f)};
+        /* Two integer chains a row (even and odd words), added at the end: half the
+         * latency of one chain of 4. */
+        __m512i P[I8_ROWS], Q[I8_ROWS];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const int8_t *x = xb + (long)r * p->KP;
+            P[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), o[0], _mm512_loadu_si512(x));
+            Q[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), o[1], _mm512_loadu_si512(x + 64));
+            P[r] = _mm512_dpbusd_epi32(P[r], o[2], _mm512_loadu_si512(x + 128));
+            Q[r] = _mm512_dpbusd_epi32(Q[r], o[3], _mm512_loadu_si512(x + 192));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const v16f dx = load16(p->dx + ((long)(m0 + r) * p->T + 4L * blk) * 16);
+            const __m512i sum = _mm512_add_epi32(P[r], Q[r]);
+            v16i Pi;
+            memcpy(&Pi, &sum, sizeof Pi);
+            acc[r][c] = fma16(sc[c] * dx, __builtin_convertvector(Pi, v16f), acc[r][c]);
+        }
+    }
+}
+#endif
+
 /* Rows m0..m0+R, columns n0..n0+C: each element's arithmetic is the same whatever R and C
  * are; they only decide which loads and unpackings are shared. Everything per column (its
  * pointers, what it prefetches) is worked out once here, not per term. */
@@ -1140,8 +1320,25 @@ static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int 
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) acc[r][c] = (v16f){0};
+    int first = 0; /* the first term summed by lanes */
+    if (bits == 8) {
+        /* 8-bit weights: the whole unit blocks first (see above), then the terms left */
+        const int upg = group * bits / 128;
+        for (int blk = 0; blk < p->NB; blk++) {
+            v16f sc[I8_MAXC];
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) sc[c] = block_scales(sr[c], blk, G, upg, half);
+#if I8_TRANSPOSED
+            block_int8(p, m0, R, C, blk, wc, sc, acc);
+#else
+            for (int t = 4 * blk; t < 4 * blk + 4; t++)
+                term_units(p, m0, R, C, t, bits, wc, sc, acc);
+#endif
+        }
+        first = 4 * p->NB;
+    }
 #if defined(__AVX512BW__)
-    if (E / group >= 2 && R <= 2) {
+    if (E / group >= 2 && R <= 2 && first == 0) {
         /* A term's scales are 4 (or 2) consecutive parameters, each spread over 4 (or 8)
          * lanes: the 16 groups of 16 / spread terms are converted once, each term's lanes
          * then one permute of them away (the same values). Where rows are few the per-term
@@ -1173,7 +1370,7 @@ static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int 
     } else
 #endif
     {
-        for (int t = 0; t < full; t++)
+        for (int t = first; t < full; t++)
             term_int8(p, m0, R, C, t, bits, group, half, 1, wc, sr, NULL, acc);
         if (full < p->T) term_int8(p, m0, R, C, full, bits, group, half, 0, wc, sr, NULL, acc);
     }
@@ -1266,7 +1463,7 @@ static void columns_int8(const qmm_t *p, int n0, int n1, int down) {
 
 typedef struct {
     const float *x;
-    int K, group, bits, KP, T, GB;
+    int K, group, bits, KP, T, NB, GB;
     int8_t *x8;
     float *dx, *xs;
 } quantize_t;
@@ -1274,7 +1471,8 @@ typedef struct {
 /* quantize_rows over rows lo..hi (each row on its own: the same bits however split). */
 static void quantize_some(void *ctx, int lo, int hi) {
     const quantize_t *q = ctx;
-    quantize_rows(q->x + (long)lo * q->K, hi - lo, q->K, q->group, q->bits, q->KP, q->T, q->GB,
+    quantize_rows(q->x + (long)lo * q->K, hi - lo, q->K, q->group, q->bits, q->KP, q->T, q->NB,
+                  q->GB,
                   q->x8 + (long)lo * q->KP, q->dx + (long)lo * q->T * 16,
                   q->xs + (long)lo * q->GB);
 }
@@ -1290,6 +1488,7 @@ int mtplx_qmm_int8(const float *x, int M, int K, const uint32_t *w, const void *
     if (M <= 0 || N <= 0) return 0;
     const int G = K / group, E = TERM(bits), T = (K + E - 1) / E, KP = T * E;
     const int GB = (G + 15) / 16 * 16;
+    const int NB = bits == 8 ? K / 256 : 0; /* 8-bit: the whole unit blocks first */
     const size_t x8_bytes = ((size_t)M * KP + 63) / 64 * 64;
     char *rows = kept_scratch(&kept_rows, x8_bytes + sizeof(float) * ((size_t)M * T * 16 +
                                                                        (size_t)M * GB));
@@ -1297,12 +1496,12 @@ int mtplx_qmm_int8(const float *x, int M, int K, const uint32_t *w, const void *
     int8_t *x8 = (int8_t *)rows;
     float *dx = (float *)(rows + x8_bytes);
     float *xs = dx + (long)M * T * 16;
-    quantize_t qr = {x, K, group, bits, KP, T, GB, x8, dx, xs};
+    quantize_t qr = {x, K, group, bits, KP, T, NB, GB, x8, dx, xs};
     mtplx_parallel_rows(quantize_some, &qr, M, rows_grain(K));
     qmm_t p = {.x = x, .w = (const uint8_t *)w, .scales = scales, .biases = biases, .y = y,
                .M = M, .N = N, .K = K, .G = G, .bits = bits, .group = group,
                .half = half != 0, .int8 = 1, .x8 = x8, .dx = dx, .xs = xs, .KP = KP, .T = T,
-               .GB = GB};
+               .GB = GB, .NB = NB};
     run(&p);
     kept_release(&kept_rows, rows);
     return 0;

@@ -176,7 +176,13 @@ def test_variant_follows_cpu_features(monkeypatch: pytest.MonkeyPatch) -> None:
         quant.kernel_variant()
 
 
-_VARIANT_SCRIPT = """
+# The integer-dot mode's cases in every variant: (bits, group, groups a row); 8-bit rows of
+# 18 groups of 32 (the default model's LM head, 576) sum two whole unit blocks, then a term.
+INT8_CASES = [(4, 32, 5), (4, 128, 5), (8, 32, 5), (8, 64, 5), (8, 32, 18)]
+
+_VARIANT_SCRIPT = (
+    f"INT8_CASES = {INT8_CASES!r}\n"
+    + """
 import json, sys
 import mtplx
 import mlx.core as mx, numpy as np
@@ -197,14 +203,15 @@ for bits, group in [(4, 32), (8, 128)]:
     out[f"{bits}/{group}"] = [bool((y == alone).all()),
                               float(np.abs(y - ref).max() / np.abs(ref).max())]
 # The integer-dot mode: its bytes, for the test to compare with its NumPy twin.
-for bits, group in [(4, 32), (4, 128), (8, 32), (8, 64)]:
-    w = mx.array(rng.standard_normal((37, 5 * group)).astype(np.float32))
+for bits, group, groups in INT8_CASES:
+    w = mx.array(rng.standard_normal((37, groups * group)).astype(np.float32))
     packed, scales, biases = mx.quantize(w, group_size=group, bits=bits)
-    x = rng.standard_normal((6, 5 * group)).astype(np.float32)
+    x = rng.standard_normal((6, groups * group)).astype(np.float32)
     y = np.array(quant.qmm(mx.array(x), packed, scales, biases, bits, group, "int8"))
-    out[f"int8 {bits}/{group}"] = y.tobytes().hex()
+    out[f"int8 {bits}/{group}/{groups}"] = y.tobytes().hex()
 print(json.dumps(out))
 """
+)
 
 
 @pytest.mark.parametrize("variant", ["portable", "avx2", "avx512", "avx512vnni"])
@@ -233,12 +240,13 @@ def test_each_variant_builds_agrees_and_is_invariant(variant: str) -> None:
     rng = np.random.default_rng(11)
     for _ in range(2):  # the draws of the script's float-mode checks
         rng.standard_normal((40, 256)), rng.standard_normal((7, 256))
-    for bits, group in [(4, 32), (4, 128), (8, 32), (8, 64)]:
-        w = mx.array(rng.standard_normal((37, 5 * group)).astype(np.float32))
+    for bits, group, groups in INT8_CASES:
+        w = mx.array(rng.standard_normal((37, groups * group)).astype(np.float32))
         packed, scales, biases = mx.quantize(w, group_size=group, bits=bits)
-        x = rng.standard_normal((6, 5 * group)).astype(np.float32)
+        x = rng.standard_normal((6, groups * group)).astype(np.float32)
         twin = _int8_reference(x, packed, scales, biases, bits, group)
-        got = np.frombuffer(bytes.fromhex(result.pop(f"int8 {bits}/{group}")), np.float32)
+        key = f"int8 {bits}/{group}/{groups}"
+        got = np.frombuffer(bytes.fromhex(result.pop(key)), np.float32)
         np.testing.assert_array_equal(got.reshape(twin.shape), twin)
     for invariant, error in result.values():
         assert invariant
@@ -280,10 +288,12 @@ def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 def _int8_reference(x: np.ndarray, packed, scales, biases, bits: int, group: int) -> np.ndarray:
     """The integer-dot product in NumPy, step for step as quant_kernel.c defines it: rows
     quantized per group (d = max|x| / 127, x8 = rint(x / d), an all-zero group d = 0), then
-    16 float32 lanes per element: terms of E = 128 (4-bit) / 64 (8-bit) elements, lane L
-    of a term the exact integer sum over its E / 16 consecutive elements,
-    acc = fma(scale * d, P, acc) term by term, then acc = fma(bias, d * S, acc) 16 groups
-    at a time, and the lanes summed in the fixed tree."""
+    16 float32 lanes per element: 8-bit weights' whole blocks of 256 elements first, lane L
+    of a block the exact integer sum of unit 4 (L % 4) + L // 4 (16 consecutive elements);
+    then terms of E = 128 (4-bit) / 64 (8-bit) elements, lane L of a term the exact integer
+    sum over its E / 16 consecutive elements, acc = fma(scale * d, P, acc) block by block
+    and term by term, then acc = fma(bias, d * S, acc) 16 groups at a time, and the lanes
+    summed in the fixed tree."""
     q = _unpacked(packed, bits)  # [N, K]
     s = np.array(scales.astype(mx.float32))  # [N, G] float32
     b = np.array(biases.astype(mx.float32))
@@ -322,8 +332,25 @@ def _int8_reference(x: np.ndarray, packed, scales, biases, bits: int, group: int
     dx = np.where(valid[None], d[:, g_safe], np.float32(0)).astype(np.float32)  # [M, T, 16]
     sc = np.where(valid[None], s[:, g_safe], np.float32(0)).astype(np.float32)  # [N, T, 16]
     acc = np.zeros((m, n, 16), np.float32)
+    # 8-bit weights: first the whole blocks of 16 units (16 weight bytes, 16 elements, inside
+    # one group), one lane a unit: lane L of block c takes unit 16 c + 4 (L % 4) + L // 4,
+    # its exact integer sum; the terms after them as above.
+    nb = k // 256 if bits == 8 else 0
+    if nb:
+        upg = group // 16
+        sums = np.einsum(
+            "mue,nue->mnu",
+            x8[..., : nb * 256 // group, :].reshape(m, nb * 16, 16),
+            q[:, : nb * 256].reshape(n, nb * 16, 16),
+        ).astype(np.float32)  # [M, N, 16 NB] exact
+        lane_unit = np.array([4 * (lane % 4) + lane // 4 for lane in range(16)])
+        with np.errstate(invalid="ignore"):
+            for c in range(nb):
+                units = 16 * c + lane_unit
+                dd = s[None, :, units // upg] * d[:, None, units // upg]  # [M, N, 16] rounded
+                acc = _fma32(dd, sums[:, :, units], acc)
     with np.errstate(invalid="ignore"):
-        for t in range(t_count):
+        for t in range(4 * nb, t_count):
             dd = sc[None, :, t, :] * dx[:, None, t, :]  # [M, N, 16] float32, rounded
             acc = _fma32(dd, lanes[:, :, t, :], acc)
         gb = -(-g_count // 16) * 16
