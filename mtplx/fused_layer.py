@@ -34,6 +34,7 @@ __all__ = [
     "available",
     "before",
     "exp",
+    "greedy_verdict",
     "head_into",
     "head_out",
     "rms_norm",
@@ -193,6 +194,17 @@ def head_out(
         _int8_rows(int8),
     )
     return logits, normed
+
+
+def greedy_verdict(logits: mx.array, drafts: mx.array) -> tuple[mx.array, mx.array]:
+    """``sampling.mx_verify_greedy``'s verdict, lazily, in one node: logits [B, k+1, V] and
+    drafts [B, k], or one row's [k+1, V] and [k] (B = 1, no reshape node) -> (num_accepted
+    [B] int32, output_tokens [B, k+1] int32). The argmax is MLX's (the first maximum, a NaN
+    above all), so the ints are bitwise ``mx_verify_greedy``'s; where that is about 10
+    nodes (argmax, matches, count, the -1 mask and the reshapes around them), each a
+    dispatch and ~15 us of the engine thread, this is one."""
+    accepted, tokens = load_extension().greedy_verdict(logits, drafts)
+    return accepted, tokens
 
 
 def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
