@@ -343,6 +343,8 @@ def last_committed(sequence: Sequence, queued: QueuedDraft | None) -> mx.array:
     """[1] int32: the row's newest committed token, lazy after a ``queued`` drafting cycle."""
     if queued is None:
         return mx.array([sequence.tokens[-1]], mx.int32)
+    if queued.last is not None:
+        return queued.last
     return mx.take(queued.output_tokens.reshape(-1), queued.num_accepted)
 
 
@@ -359,13 +361,22 @@ def queue_draft(
     drafter to the verdict without reading it: the row drops the rejected drafts lazily, the
     drafter gets every verified position's pair with the count that holds."""
     num_accepted, output_tokens = verdict or verify(sequence, draft, output)
-    accepted = num_accepted.reshape(())
-    num_rejected = draft.num_drafted - accepted
+    last = None
+    if fused_layer.available():  # one node where MLX's ops are 6
+        num_rejected, num_valid, tokens, last = fused_layer.verdict_counts(
+            num_accepted, output_tokens
+        )
+    else:
+        accepted = num_accepted.reshape(())
+        num_rejected = draft.num_drafted - accepted
+        num_valid, tokens = accepted + 1, output_tokens.reshape(-1)
     target.trim_lazily(sequence.row, num_rejected)
     drafter = sequence.drafter
     assert drafter is not None, "only drafting rows queue their cycles"
-    drafter.commit_lazy(output_tokens.reshape(-1), output.hidden[None], accepted + 1)
-    return QueuedDraft(draft, output, num_accepted, output_tokens, source, started, num_rejected)
+    drafter.commit_lazy(tokens, output.hidden[None], num_valid)
+    return QueuedDraft(
+        draft, output, num_accepted, output_tokens, source, started, num_rejected, last
+    )
 
 
 def close_queued(target: BatchedTarget, sequence: Sequence, queued: QueuedDraft) -> CycleResult:

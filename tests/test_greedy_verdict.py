@@ -2,7 +2,8 @@
 replaces (``sampling.mx_verify_greedy``): the same ints for every accepted-prefix length,
 ties, infinities and NaNs (MLX's argmax: the first maximum, a NaN above all), one row given
 as [k+1, V] / [k] or as a batch, and one graph node; ``speculative.verify`` serves its
-greedy rows with it."""
+greedy rows with it. The counts a queued drafting cycle takes from a verdict
+(``fused_layer.verdict_counts``) against the MLX ops they replace."""
 
 from __future__ import annotations
 
@@ -100,3 +101,48 @@ def test_verdict_rejects_mismatched_shapes() -> None:
         fused_layer.greedy_verdict(mx.zeros((2, 3, 10)), mx.zeros((1, 2), mx.int32))
     with pytest.raises(ValueError):
         fused_layer.greedy_verdict(mx.zeros((10,)), mx.zeros((0,), mx.int32))
+
+
+@pytest.mark.parametrize("num_draft", [0, 1, 2, 4])
+def test_verdict_counts_are_mlx_ops_ints(num_draft: int) -> None:
+    """Every accepted count of a [1, k+1] verdict: what ``queue_draft`` built with MLX's ops
+    (a reshape, a subtraction, an addition, a take), and one node."""
+    rng = np.random.default_rng(num_draft)
+    for accepted in range(num_draft + 1):
+        tokens = rng.integers(0, 49152, size=(1, num_draft + 1)).astype(np.int32)
+        tokens[0, accepted + 1 :] = -1
+        num_accepted, output_tokens = mx.array([accepted], mx.int32), mx.array(tokens)
+        got = fused_layer.verdict_counts(num_accepted, output_tokens)
+        scalar = num_accepted.reshape(())
+        want = (
+            num_draft - scalar,
+            scalar + 1,
+            output_tokens.reshape(-1),
+            mx.take(output_tokens.reshape(-1), num_accepted),
+        )
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype == mx.int32 and g.shape == w.shape
+            np.testing.assert_array_equal(np.array(g), np.array(w))
+    out = io.StringIO()
+    mx.export_to_dot(out, *fused_layer.verdict_counts(num_accepted, output_tokens))
+    assert re.findall(r'label ="([^"]+)", shape=rectangle', out.getvalue()) == [
+        "MTPLXVerdictCounts"
+    ]
+
+
+@pytest.mark.parametrize("size", [1, 5, 300, 8192])
+def test_greedy_draft_is_mlx_argmax_and_take(size: int) -> None:
+    """``vocab[argmax(logits)]`` for ties, infinities, NaNs, [V'] or [1, 1, V'] logits."""
+    rng = np.random.default_rng(size)
+    logits = _logits(rng, 40, 1, size)[:, 0]
+    vocab = rng.permutation(49152)[:size].astype(np.int32)
+    ids = mx.array(vocab)
+    for row in logits:
+        for given in (mx.array(row), mx.array(row).reshape(1, 1, -1)):
+            want = ids[mx.argmax(given.reshape(-1).astype(mx.float32))].astype(mx.int32)
+            got = fused_layer.greedy_draft(given, ids)
+            assert got.dtype == mx.int32 and got.shape == ()
+            assert got.item() == want.item()
+    out = io.StringIO()
+    mx.export_to_dot(out, fused_layer.greedy_draft(mx.array(logits[0]), ids))
+    assert re.findall(r'label ="([^"]+)", shape=rectangle', out.getvalue()) == ["MTPLXGreedyDraft"]
