@@ -15,7 +15,9 @@ One process, one loaded model (the default one), one engine, the process's
 
 A switch is ``path:attribute`` or ``path:Class.method``: ``mtplx/speculative.py:verify``
 replaces ``mtplx.speculative.verify`` (callers that look it up in that module get the old
-one; a ``from ... import`` elsewhere keeps the new one: switch the caller too). Without a
+one). A name another module imported (``from ... import``) is switched there with
+``place=source``: ``mtplx/runner.py:queue_draft=mtplx/speculative.py:queue_draft`` sets
+``mtplx.runner.queue_draft`` to ``--before``'s ``mtplx.speculative.queue_draft``. Without a
 ``--switch``, ``before`` and ``after`` are the same code (an A/A run: the spread of the
 method).
 
@@ -102,15 +104,22 @@ class Switch:
 
     def __init__(self, before: str, specs: list[str]) -> None:
         self.places: list[tuple[Any, str, Any, Any]] = []  # (owner, name, after, before)
+        olds: dict[str, ModuleType] = {}
         for spec in specs:
-            path, attribute = spec.split(":")
-            module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
-            old = old_module(before, path)
+            place, _, source = spec.partition("=")
+            path, attribute = place.split(":")
+            old_path, old_attribute = (source or place).split(":")
+            if old_path not in olds:
+                olds[old_path] = old_module(before, old_path)
+            owner = importlib.import_module(path.removesuffix(".py").replace("/", "."))
             *owners, name = attribute.split(".")
-            owner, old_owner = module, old
             for part in owners:
-                owner, old_owner = getattr(owner, part), getattr(old_owner, part)
-            self.places.append((owner, name, owner.__dict__[name], old_owner.__dict__[name]))
+                owner = getattr(owner, part)
+            old_owner: Any = olds[old_path]
+            *old_owners, old_name = old_attribute.split(".")
+            for part in old_owners:
+                old_owner = getattr(old_owner, part)
+            self.places.append((owner, name, owner.__dict__[name], old_owner.__dict__[old_name]))
         self.drafter = {n: mtp.MTPDrafter.__dict__[n] for n in ("propose_batch", "commit_lazy")}
         self.drafter.update({n: mtp.MTPDrafter.__dict__[n] for n in ("commit", "settle")})
 
@@ -192,7 +201,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--before", default="HEAD")
-    parser.add_argument("--switch", action="append", default=[], help="path:attribute")
+    parser.add_argument(
+        "--switch", action="append", default=[], help="path:attribute[=path:attribute]"
+    )
     parser.add_argument("--kinds", default=",".join(KINDS), help="a comma list of " + str(KINDS))
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
