@@ -211,7 +211,7 @@ def greedy_verdict(logits: mx.array, drafts: mx.array) -> tuple[mx.array, mx.arr
     """``sampling.mx_verify_greedy``'s verdict, lazily, in one node: logits [B, k+1, V] and
     drafts [B, k], or one row's [k+1, V] and [k] (B = 1, no reshape node) -> (num_accepted
     [B] int32, output_tokens [B, k+1] int32). The argmax is MLX's (the first maximum, a NaN
-    above all), so the ints are bitwise ``mx_verify_greedy``'s; where that is about 10
+    above all), so the ints are bitwise ``mx_verify_greedy``'s; where that is 9
     nodes (argmax, matches, count, the -1 mask and the reshapes around them), each a
     dispatch and ~15 us of the engine thread, this is one."""
     accepted, tokens = load_extension().greedy_verdict(logits, drafts)
@@ -225,7 +225,7 @@ def verdict_counts(
     output_tokens [1, k+1] int32), lazily, in one node: (num_rejected [] = k - accepted,
     num_valid [] = accepted + 1, the tokens [k+1], the last committed token [1] =
     tokens[accepted]), the ints MLX's reshape, subtraction, addition and take give, where
-    those are 6 nodes."""
+    those are 7 nodes."""
     rejected, valid, tokens, last = load_extension().verdict_counts(num_accepted, output_tokens)
     return rejected, valid, tokens, last
 

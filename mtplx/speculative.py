@@ -199,7 +199,7 @@ def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.arra
         masks = grammar_masks(sequence, draft, target_logits.shape[-1])
         if masks is not None:
             logits = mx.where(masks, logits, -mx.inf)
-        if fused_layer.available():  # one node where MLX's ops are ~10
+        if fused_layer.available():  # one node where MLX's ops are 9
             return fused_layer.greedy_verdict(logits, draft.tokens)
         return mx_verify_greedy(logits[None], draft.tokens[None])  # [1, k+1, V]
     target_probs = mx_distribution_from_logits(
@@ -362,7 +362,7 @@ def queue_draft(
     drafter gets every verified position's pair with the count that holds."""
     num_accepted, output_tokens = verdict or verify(sequence, draft, output)
     last = None
-    if fused_layer.available():  # one node where MLX's ops are 6
+    if fused_layer.available():  # one node where MLX's ops are 7
         num_rejected, num_valid, tokens, last = fused_layer.verdict_counts(
             num_accepted, output_tokens
         )
