@@ -24,6 +24,11 @@ def _vocab_ids(size: int) -> mx.array:
     return ids
 
 
+def _flat(logits: mx.array) -> mx.array:
+    """[V] logits as given, others reshaped (a node only where the shape changes)."""
+    return logits if logits.ndim == 1 else logits.reshape(-1)
+
+
 class DraftSampler:
     """Draws the draft tokens of one cycle and records q, the distribution each was drawn from.
 
@@ -81,7 +86,8 @@ class DraftSampler:
         return mask
 
     def __call__(self, logits: mx.array) -> tuple[mx.array, mx.array]:
-        """logits: [V] or [V'] for the next draft position -> (token [] int32, q [V])."""
+        """logits: the next draft position's [V] or [V'] (or [1, .., 1, V]: read flat) ->
+        (token [] int32, q [V])."""
         mask = self._grammar_mask()
         if self.draft_vocab is not None and not self.config.logit_bias:
             # Filter and draw over the V' draft entries, then scatter q into [V]: the token is
@@ -103,12 +109,13 @@ class DraftSampler:
                 q = (_vocab_ids(self.vocab_size) == token).astype(mx.float32)
             else:
                 small = mx_distribution_from_logits(
-                    logits[None], self.config, counts, small_mask
+                    _flat(logits)[None], self.config, counts, small_mask
                 )  # [1, V']
                 token = self.draft_vocab[self._draw(small)].astype(mx.int32)
                 q = mx.zeros((self.vocab_size,), mx.float32)
                 q[self.draft_vocab] = small[0]
         else:
+            logits = _flat(logits)
             if self.draft_vocab is not None:  # logit_bias is keyed by full-vocabulary ids
                 full = mx.full((self.vocab_size,), -mx.inf, dtype=mx.float32)
                 full[self.draft_vocab] = logits.astype(mx.float32)
