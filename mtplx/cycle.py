@@ -75,3 +75,6 @@ class QueuedDraft:
     # [] int32: the drafts it rejects, the row's lazy trim (evaluated with the verdict, so
     # that reading it does not wait for the cycle queued after it)
     num_rejected: mx.array
+    # [1] int32: its last committed token, lazy (the next cycle's first input); None: taken
+    # from output_tokens when the next cycle is built
+    last: mx.array | None = None

@@ -34,10 +34,13 @@ __all__ = [
     "available",
     "before",
     "exp",
+    "greedy_draft",
+    "greedy_verdict",
     "head_into",
     "head_out",
     "rms_norm",
     "swiglu",
+    "verdict_counts",
     "write",
 ]
 
@@ -193,6 +196,38 @@ def head_out(
         _int8_rows(int8),
     )
     return logits, normed
+
+
+def greedy_draft(logits: mx.array, vocab: mx.array) -> mx.array:
+    """A greedy draft token over a reduced draft vocabulary, lazily, in one node: logits of
+    V' values and vocab [V'] (each entry's target id) -> [] int32 ``vocab[argmax(logits)]``,
+    MLX's argmax (the first maximum, a NaN above all): the bits of ``mx.argmax``, a take and
+    a cast, where those are 4 nodes."""
+    token: mx.array = load_extension().greedy_draft(logits, vocab)
+    return token
+
+
+def greedy_verdict(logits: mx.array, drafts: mx.array) -> tuple[mx.array, mx.array]:
+    """``sampling.mx_verify_greedy``'s verdict, lazily, in one node: logits [B, k+1, V] and
+    drafts [B, k], or one row's [k+1, V] and [k] (B = 1, no reshape node) -> (num_accepted
+    [B] int32, output_tokens [B, k+1] int32). The argmax is MLX's (the first maximum, a NaN
+    above all), so the ints are bitwise ``mx_verify_greedy``'s; where that is 9
+    nodes (argmax, matches, count, the -1 mask and the reshapes around them), each a
+    dispatch and ~15 us of the engine thread, this is one."""
+    accepted, tokens = load_extension().greedy_verdict(logits, drafts)
+    return accepted, tokens
+
+
+def verdict_counts(
+    num_accepted: mx.array, output_tokens: mx.array
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """What a queued drafting cycle takes from one row's verdict (num_accepted [1],
+    output_tokens [1, k+1] int32), lazily, in one node: (num_rejected [] = k - accepted,
+    num_valid [] = accepted + 1, the tokens [k+1], the last committed token [1] =
+    tokens[accepted]), the ints MLX's reshape, subtraction, addition and take give, where
+    those are 7 nodes."""
+    rejected, valid, tokens, last = load_extension().verdict_counts(num_accepted, output_tokens)
+    return rejected, valid, tokens, last
 
 
 def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:

@@ -807,6 +807,188 @@ std::vector<mx::array> head_out(const mx::array& x, const mx::array& at, const m
                                 inputs);
 }
 
+// -- the greedy verdict of drafting rows ----------------------------------------------------
+
+// The index of row's first maximum over V values, as MLX's CPU ArgReduce finds it: a value
+// replaces the best so far when it is greater, or when it is a NaN and the best is not (so
+// the first NaN wins, and a tie keeps the first index).
+int32_t first_argmax(const float* row, int64_t V) {
+  float best = row[0];
+  int64_t at = 0;
+  for (int64_t j = 1; j < V; j++) {
+    const float x = row[j];
+    if (x > best || (std::isnan(x) && !std::isnan(best))) {
+      best = x;
+      at = j;
+    }
+  }
+  return static_cast<int32_t>(at);
+}
+
+// Inputs logits [B, n, V] float32 (the target's at a row's n = k + 1 verified positions),
+// drafts [B, k] int32 -> num_accepted [B] int32 (the drafts equal to the argmax at their
+// position, up to the first that is not) and output_tokens [B, n] int32 (the argmaxes up to
+// the position after the accepted drafts, -1 past it): sampling.mx_verify_greedy's ints.
+class GreedyVerdict : public mx::Primitive {
+ public:
+  explicit GreedyVerdict(mx::Stream stream) : mx::Primitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& input : inputs) encoder.set_input_array(input);
+    for (auto& out : outputs) encoder.set_output_array(out);
+    std::vector<mx::array> in, out;
+    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    for (auto& a : outputs) out.push_back(mx::array::unsafe_weak_copy(a));
+    encoder.dispatch([in = std::move(in), out = std::move(out)]() mutable {
+      std::vector<char> ld, dd;
+      const float* logits = static_cast<const float*>(dense(in[0], ld));
+      const int32_t* drafts = static_cast<const int32_t*>(dense(in[1], dd));
+      const int64_t V = in[0].shape(-1), n = out[1].shape(-1), B = out[0].size();
+      int32_t* accepted = out[0].data<int32_t>();
+      int32_t* tokens = out[1].data<int32_t>();
+      for (int64_t b = 0; b < B; b++) {
+        int32_t count = 0;
+        for (int64_t i = 0; i < n; i++) {
+          if (i > count) {  // past the first mismatch: nothing committed there
+            tokens[b * n + i] = -1;
+            continue;
+          }
+          const int32_t token = first_argmax(logits + (b * n + i) * V, V);
+          tokens[b * n + i] = token;
+          if (i < n - 1 && drafts[b * (n - 1) + i] == token) count++;
+        }
+        accepted[b] = count;
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("the mtplx greedy verdict runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXGreedyVerdict"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const GreedyVerdict*>(&other) != nullptr;
+  }
+};
+
+std::vector<mx::array> greedy_verdict(const mx::array& logits, const mx::array& drafts) {
+  // [n, V] and [k] are one row ([1, n, V], [1, k]) without a reshape node.
+  const bool one = logits.ndim() == 2;
+  if (logits.ndim() != 2 && logits.ndim() != 3)
+    throw std::invalid_argument("greedy_verdict: logits [B, n, V] or [n, V]");
+  const int B = one ? 1 : static_cast<int>(logits.shape(0));
+  const int n = static_cast<int>(logits.shape(-2));
+  if (n < 1 || logits.shape(-1) < 1 || drafts.ndim() != logits.ndim() - 1 ||
+      drafts.shape(-1) != n - 1 || (!one && drafts.shape(0) != B))
+    throw std::invalid_argument("greedy_verdict: drafts [B, n - 1] for logits [B, n, V]");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array::make_arrays({{B}, {B, n}}, {mx::int32, mx::int32},
+                                std::make_shared<GreedyVerdict>(stream),
+                                {mx::astype(logits, mx::float32, stream),
+                                 mx::astype(drafts, mx::int32, stream)});
+}
+
+// A greedy draft over a reduced draft vocabulary: inputs logits [V'] float32 (any shape of
+// V' values), vocab [V'] int32 (each entry's target id) -> [] int32 vocab[argmax(logits)],
+// the argmax MLX's (first_argmax).
+class GreedyDraft : public mx::UnaryPrimitive {
+ public:
+  explicit GreedyDraft(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
+    output.set_data(mx::allocator::malloc(output.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& input : inputs) encoder.set_input_array(input);
+    encoder.set_output_array(output);
+    std::vector<mx::array> in;
+    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output)]() mutable {
+      std::vector<char> ld, vd;
+      const float* logits = static_cast<const float*>(dense(in[0], ld));
+      const int32_t* vocab = static_cast<const int32_t*>(dense(in[1], vd));
+      *y.data<int32_t>() = vocab[first_argmax(logits, static_cast<int64_t>(in[0].size()))];
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("the mtplx greedy draft runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXGreedyDraft"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const GreedyDraft*>(&other) != nullptr;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>&) override { return {{}}; }
+};
+
+mx::array greedy_draft(const mx::array& logits, const mx::array& vocab) {
+  if (logits.size() < 1 || vocab.ndim() != 1 || vocab.size() != logits.size())
+    throw std::invalid_argument("greedy_draft: logits of V' values, vocab [V']");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array({}, mx::int32, std::make_shared<GreedyDraft>(stream),
+                   {mx::astype(logits, mx::float32, stream), mx::astype(vocab, mx::int32, stream)});
+}
+
+// What a queued drafting cycle's row and drafter take from its verdict, in one node: inputs
+// num_accepted [1] int32, output_tokens [1, n] int32 (n = k + 1) -> num_rejected [] (k -
+// accepted), num_valid [] (accepted + 1), the tokens [n] and the last committed one [1]
+// (output_tokens[accepted]): MLX's subtraction, addition, reshape and take of the same ints.
+class VerdictCounts : public mx::Primitive {
+ public:
+  explicit VerdictCounts(mx::Stream stream) : mx::Primitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& input : inputs) encoder.set_input_array(input);
+    for (auto& out : outputs) encoder.set_output_array(out);
+    std::vector<mx::array> in, out;
+    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    for (auto& a : outputs) out.push_back(mx::array::unsafe_weak_copy(a));
+    encoder.dispatch([in = std::move(in), out = std::move(out)]() mutable {
+      std::vector<char> ad, td;
+      const int32_t accepted = *static_cast<const int32_t*>(dense(in[0], ad));
+      const int32_t* tokens = static_cast<const int32_t*>(dense(in[1], td));
+      const int64_t n = in[1].size();
+      if (accepted < 0 || accepted >= n)
+        throw std::runtime_error("verdict_counts: num_accepted outside the verified positions");
+      *out[0].data<int32_t>() = static_cast<int32_t>(n - 1) - accepted;
+      *out[1].data<int32_t>() = accepted + 1;
+      std::memcpy(out[2].data<int32_t>(), tokens, n * sizeof(int32_t));
+      *out[3].data<int32_t>() = tokens[accepted];
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("the mtplx verdict counts run on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXVerdictCounts"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const VerdictCounts*>(&other) != nullptr;
+  }
+};
+
+std::vector<mx::array> verdict_counts(const mx::array& num_accepted,
+                                      const mx::array& output_tokens) {
+  if (num_accepted.size() != 1 || output_tokens.ndim() != 2 || output_tokens.shape(0) != 1 ||
+      output_tokens.shape(1) < 1)
+    throw std::invalid_argument("verdict_counts: num_accepted [1], output_tokens [1, n]");
+  const int n = static_cast<int>(output_tokens.shape(1));
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array::make_arrays({{}, {}, {n}, {1}}, {mx::int32, mx::int32, mx::int32, mx::int32},
+                                std::make_shared<VerdictCounts>(stream),
+                                {mx::astype(num_accepted, mx::int32, stream),
+                                 mx::astype(output_tokens, mx::int32, stream)});
+}
+
 // For tests: layer_kernel.c's elementwise pieces on evaluated float32 arrays.
 mx::array rms_norm_reference(const mx::array& x, const mx::array& w, float eps) {
   mx::array xc = mx::contiguous(mx::astype(x, mx::float32));
@@ -877,6 +1059,15 @@ NB_MODULE(_mtplx_quant, m) {
   m.def("head_out", &head_out, nb::arg("x"), nb::arg("at"), nb::arg("norm"), nb::arg("eps"),
         nb::arg("w"), nb::arg("scales"), nb::arg("biases"), nb::arg("bits"),
         nb::arg("group_size"), nb::arg("int8"));
+  m.def("greedy_verdict", &greedy_verdict, nb::arg("logits"), nb::arg("drafts"),
+        "The greedy verdict of drafting rows in one lazy node: logits [B, n, V] (or [n, V]: "
+        "B = 1), drafts [B, n - 1] -> [num_accepted [B], output_tokens [B, n]] int32.");
+  m.def("greedy_draft", &greedy_draft, nb::arg("logits"), nb::arg("vocab"),
+        "A greedy draft token over a reduced vocabulary in one lazy node: vocab[argmax(logits)] "
+        "[] int32.");
+  m.def("verdict_counts", &verdict_counts, nb::arg("num_accepted"), nb::arg("output_tokens"),
+        "A one-row verdict's counts in one lazy node: num_accepted [1], output_tokens [1, n] "
+        "-> [num_rejected [], num_valid [], tokens [n], last [1]] int32.");
   m.def("rms_norm_reference", &rms_norm_reference, nb::arg("x"), nb::arg("w"), nb::arg("eps"));
   m.def("swiglu_reference", &swiglu_reference, nb::arg("gate_up"));
   m.def("layer_exp", [](float x) { return mtplx_layer_exp(x); }, nb::arg("x"));

@@ -37,6 +37,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from mtplx import fused_layer
 from mtplx.arrays import int_rows, scalar_int
 from mtplx.cycle import Ahead, CycleResult, Draft, QueuedDraft
 from mtplx.drafters.base import Drafter
@@ -198,6 +199,8 @@ def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.arra
         masks = grammar_masks(sequence, draft, target_logits.shape[-1])
         if masks is not None:
             logits = mx.where(masks, logits, -mx.inf)
+        if fused_layer.available():  # one node where MLX's ops are 9
+            return fused_layer.greedy_verdict(logits, draft.tokens)
         return mx_verify_greedy(logits[None], draft.tokens[None])  # [1, k+1, V]
     target_probs = mx_distribution_from_logits(
         target_logits,
@@ -340,6 +343,8 @@ def last_committed(sequence: Sequence, queued: QueuedDraft | None) -> mx.array:
     """[1] int32: the row's newest committed token, lazy after a ``queued`` drafting cycle."""
     if queued is None:
         return mx.array([sequence.tokens[-1]], mx.int32)
+    if queued.last is not None:
+        return queued.last
     return mx.take(queued.output_tokens.reshape(-1), queued.num_accepted)
 
 
@@ -356,13 +361,22 @@ def queue_draft(
     drafter to the verdict without reading it: the row drops the rejected drafts lazily, the
     drafter gets every verified position's pair with the count that holds."""
     num_accepted, output_tokens = verdict or verify(sequence, draft, output)
-    accepted = num_accepted.reshape(())
-    num_rejected = draft.num_drafted - accepted
+    last = None
+    if fused_layer.available():  # one node where MLX's ops are 7
+        num_rejected, num_valid, tokens, last = fused_layer.verdict_counts(
+            num_accepted, output_tokens
+        )
+    else:
+        accepted = num_accepted.reshape(())
+        num_rejected = draft.num_drafted - accepted
+        num_valid, tokens = accepted + 1, output_tokens.reshape(-1)
     target.trim_lazily(sequence.row, num_rejected)
     drafter = sequence.drafter
     assert drafter is not None, "only drafting rows queue their cycles"
-    drafter.commit_lazy(output_tokens.reshape(-1), output.hidden[None], accepted + 1)
-    return QueuedDraft(draft, output, num_accepted, output_tokens, source, started, num_rejected)
+    drafter.commit_lazy(tokens, output.hidden[None], num_valid)
+    return QueuedDraft(
+        draft, output, num_accepted, output_tokens, source, started, num_rejected, last
+    )
 
 
 def close_queued(target: BatchedTarget, sequence: Sequence, queued: QueuedDraft) -> CycleResult:

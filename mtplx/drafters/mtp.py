@@ -142,7 +142,7 @@ class MTPDrafter(OneSource):
             for i, (_, _, valid, last), (out_logits, out_hidden) in zip(
                 live, fed, outputs, strict=True
             )
-        }  # row -> (logits [V'], hidden [1, 1, H]) at its next draft position
+        }  # row -> (logits of V' values, hidden [1, 1, H]) at its next draft position
         for position in range(max(ks[i] for i in live)):
             deeper = []
             for i in [i for i in live if position < ks[i]]:
@@ -211,9 +211,10 @@ class MTPDrafter(OneSource):
         last: mx.array,
     ) -> tuple[mx.array, mx.array]:
         """After the fed pairs' head step (out_logits [1, 1, V'] of the fed pair ``last``
-        [] int32, out_hidden [1, n, H]): the logits [V'] and hidden [1, 1, H] at the last
-        pair that holds; checkpoint the cache before the speculative entries."""
-        logits = out_logits.reshape(-1)  # [V']
+        [] int32, out_hidden [1, n, H]): the logits (out_logits itself: the sampler reads
+        them flat, a reshape node only where its rule needs one) and hidden [1, 1, H] at
+        the last pair that holds; checkpoint the cache before the speculative entries."""
+        logits = out_logits
         if valid is None:
             hidden = out_hidden[:, -1:]
         else:  # the pairs past the valid ones leave the cache; read the last valid one's

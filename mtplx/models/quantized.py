@@ -72,12 +72,20 @@ def activations_format() -> str:
     ``float32`` multiplies them by the dequantized weights (the float32 path's numbers, to
     its rounding). A process setting, read when
     a forward's graph is built: set it before loading a model."""
-    value = os.environ.get("MTPLX_ACTIVATIONS", "").strip().lower() or DEFAULT_ACTIVATIONS
+    raw = os.environ.get("MTPLX_ACTIVATIONS")
+    known = _activations_of.get(raw)  # the graph builders read it per node: parse it once
+    if known is not None:
+        return known
+    value = (raw or "").strip().lower() or DEFAULT_ACTIVATIONS
     if value in ("f32", "fp32"):
         value = "float32"
     if value not in ACTIVATIONS:
         raise ValueError(f"MTPLX_ACTIVATIONS={value!r}: expected one of {', '.join(ACTIVATIONS)}")
+    _activations_of[raw] = value
     return value
+
+
+_activations_of: dict[str | None, str] = {}  # MTPLX_ACTIVATIONS as set -> its mode
 
 
 class QuantWeight(NamedTuple):
