@@ -45,6 +45,7 @@ __all__ = [
     "head_out",
     "layer",
     "rms_norm",
+    "store_copies",
     "swiglu",
     "write",
 ]
@@ -289,6 +290,12 @@ def head_out(
         _int8_rows(int8),
     )
     return logits, normed
+
+
+def store_copies() -> int:
+    """KV stores a write (``write``, ``layer``) copied instead of writing in place so far:
+    each copy costs the whole store's bytes, so a steady decode loop should add none."""
+    return int(load_extension().store_copies())
 
 
 def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:

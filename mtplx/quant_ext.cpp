@@ -5,6 +5,7 @@
 // MLX's lazy graph: it composes with mx.compile, and async_eval runs it on the CPU stream's
 // worker thread while Python builds the next step. Built and cached by mtplx.quant.
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <array>
@@ -481,6 +482,10 @@ mx::array layer_after(const mx::array& x, const mx::array& attended, const mx::a
                    inputs);
 }
 
+// Stores a KV write copied (another holder, or a view) instead of writing in place: a
+// counter for tests and benchmarks, since a copy costs the whole store's bytes.
+std::atomic<unsigned long> store_copies{0};
+
 // A group's new keys (or values) written into a layer's store: inputs store [S, kv, cap, w]
 // (values: w = d + 1), new [n, kv, d] (every packed token), write_at [R * kv * T] (the store
 // row, (slot * kv + head) * cap + position, of each (row, head, token) of the group's padded
@@ -499,6 +504,7 @@ class KVWrite : public mx::UnaryPrimitive {
     const bool copied = !(store.is_donatable() && store.flags().row_contiguous);
     if (copied) {
       out.set_data(mx::allocator::malloc(out.nbytes()));
+      store_copies++;
     } else {
       out.copy_shared_buffer(store);
     }
@@ -628,6 +634,7 @@ class LayerStep : public mx::Primitive {
       } else {
         out.set_data(mx::allocator::malloc(out.nbytes()));
         copied[s] = 1;
+        store_copies++;
       }
     }
     std::vector<mx::array> in, out;
@@ -1120,6 +1127,8 @@ NB_MODULE(_mtplx_quant, m) {
         nb::arg("int8"), nb::arg("stores"), nb::arg("group_arrays"), nb::arg("group_meta"),
         "A whole layer as one lazy node (layer_before, the KV writes, the attention and "
         "layer_after) -> [x, keys, values of each store].");
+  m.def("store_copies", []() { return store_copies.load(); },
+        "KV stores written on a copy rather than in place so far (KVWrite and the layer node).");
   m.def("embed_rows", &embed_rows, nb::arg("ids"), nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("bits"), nb::arg("group_size"),
         "Rows ids of a quantized embedding table, dequantized (mx.dequantize's bits), lazily "

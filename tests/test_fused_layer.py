@@ -477,11 +477,14 @@ def test_the_layer_node_writes_the_store_in_place_unless_it_is_held(model) -> No
     mx.eval(target.forward([row], [mx.array(_tokens(0, 9), mx.int32)], "none")[0].hidden)
     kv = target._shared.layers[0]
     before = (_pointer(kv.keys), _pointer(kv.values))
+    copies = fused_layer.store_copies()
     mx.eval(target.forward([row], [mx.array([7], mx.int32)], "all")[0].logits)
     assert (_pointer(kv.keys), _pointer(kv.values)) == before
+    assert fused_layer.store_copies() == copies  # no layer's store copied
     held = kv.keys  # another holder: the layer node must leave it as it is
     held_bits = _bits(held).copy()
     mx.eval(target.forward([row], [mx.array([8], mx.int32)], "all")[0].logits)
+    assert fused_layer.store_copies() == copies + 1  # that store only
     assert np.array_equal(_bits(held), held_bits)
     assert _pointer(kv.keys) != _pointer(held)
     assert _pointer(kv.values) == before[1]
