@@ -654,10 +654,20 @@ class LayerStep : public mx::Primitive {
       const mtplx_qweight down = dw.view(in[14], in[15], in[16], k[6], k[7], int8);
       const float* x = static_cast<const float*>(dense(in[0], xd));
       // q, k, v [n, heads or kv, d] and the attention's output [n, heads * d], as the five
-      // nodes' intermediate arrays hold them.
-      std::vector<float> q(static_cast<size_t>(n) * heads * d);
-      std::vector<float> fk(static_cast<size_t>(n) * kv * d), fv(fk.size());
-      std::vector<float> attended(static_cast<size_t>(n) * heads * d);
+      // nodes' intermediate arrays hold them: scratch of the stream's thread, kept between
+      // layers and steps (grown, never cleared: every element read is written first), so a
+      // layer allocates nothing and a prompt chunk's megabytes are not faulted in again.
+      thread_local std::vector<float> q, fk, fv, attended;
+      const size_t q_size = static_cast<size_t>(n) * heads * d;
+      const size_t kv_size = static_cast<size_t>(n) * kv * d;
+      if (q.size() < q_size) {
+        q.resize(q_size);
+        attended.resize(q_size);
+      }
+      if (fk.size() < kv_size) {
+        fk.resize(kv_size);
+        fv.resize(kv_size);
+      }
       const int rope_rows = static_cast<int>(in[5].size() / (dims / 2)) == 1 ? 1 : n;
       if (mtplx_layer_before(x, n, H, static_cast<const float*>(dense(in[1], nd)), eps, &qkv,
                              heads, kv, d, dims, static_cast<const float*>(dense(in[5], cd)),
