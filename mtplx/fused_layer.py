@@ -44,7 +44,6 @@ __all__ = [
     "head_into",
     "head_out",
     "layer",
-    "norm",
     "rms_norm",
     "store_copies",
     "swiglu",
@@ -291,12 +290,6 @@ def head_out(
         _int8_rows(int8),
     )
     return logits, normed
-
-
-def norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:
-    """RMSNorm of x [..., H] by weight [H], lazily, in one node: mx.fast.rms_norm's bits on
-    the CPU (float32 x and weight), where MLX's CPU fallback is eleven nodes."""
-    return load_extension().rms_norm(x, weight, float(eps))
 
 
 def store_copies() -> int:

@@ -1066,57 +1066,6 @@ std::vector<mx::array> head_out(const mx::array& x, const mx::array& at, const m
                                 inputs);
 }
 
-// -- the trunk's final norm ------------------------------------------------------------------
-
-// RMSNorm of x [..., H] with weight w [H] (float32 both) as one node: layer_kernel.c's copy of
-// mx.fast.rms_norm's CPU arithmetic (the same bits), where MLX's CPU fallback builds eleven
-// nodes (square, sum, broadcasts, multiplies, rsqrt) every forward.
-class RmsNormRows : public mx::UnaryPrimitive {
- public:
-  RmsNormRows(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
-                      w = mx::array::unsafe_weak_copy(inputs[1]),
-                      y = mx::array::unsafe_weak_copy(out), eps = eps_]() mutable {
-      std::vector<char> xd, wd;
-      const int H = static_cast<int>(x.shape(-1));
-      mtplx_layer_rms_norm(static_cast<const float*>(dense(x, xd)),
-                           static_cast<const float*>(dense(w, wd)), eps,
-                           static_cast<int>(x.size() / H), H, y.data<float>());
-    });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
-    throw std::runtime_error("mtplx rms norm runs on the CPU only");
-  }
-
-  const char* name() const override { return "MTPLXRmsNorm"; }
-
-  bool is_equivalent(const mx::Primitive& other) const override {
-    auto* o = dynamic_cast<const RmsNormRows*>(&other);
-    return o != nullptr && o->eps_ == eps_;
-  }
-
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
-
- private:
-  float eps_;
-};
-
-mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
-  if (x.ndim() < 1 || x.shape(-1) < 1 || w.size() != static_cast<size_t>(x.shape(-1)))
-    throw std::invalid_argument("rms_norm: x [..., H], w [H]");
-  if (x.dtype() != mx::float32 || w.dtype() != mx::float32)
-    throw std::invalid_argument("rms_norm: float32 x and w");
-  auto stream = mx::default_stream(mx::Device::cpu);
-  return mx::array(x.shape(), mx::float32, std::make_shared<RmsNormRows>(stream, eps), {x, w});
-}
-
 // For tests: layer_kernel.c's elementwise pieces on evaluated float32 arrays.
 mx::array rms_norm_reference(const mx::array& x, const mx::array& w, float eps) {
   mx::array xc = mx::contiguous(mx::astype(x, mx::float32));
@@ -1200,8 +1149,6 @@ NB_MODULE(_mtplx_quant, m) {
   m.def("head_out", &head_out, nb::arg("x"), nb::arg("at"), nb::arg("norm"), nb::arg("eps"),
         nb::arg("w"), nb::arg("scales"), nb::arg("biases"), nb::arg("bits"),
         nb::arg("group_size"), nb::arg("int8"));
-  m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("w"), nb::arg("eps"),
-        "mx.fast.rms_norm's CPU bits on float32 x [..., H], w [H] as one lazy node.");
   m.def("rms_norm_reference", &rms_norm_reference, nb::arg("x"), nb::arg("w"), nb::arg("eps"));
   m.def("swiglu_reference", &swiglu_reference, nb::arg("gate_up"));
   m.def("layer_exp", [](float x) { return mtplx_layer_exp(x); }, nb::arg("x"));

@@ -62,8 +62,6 @@ def test_rms_norm_is_mlx_bits_and_the_numpy_sequential_sum(hidden: int) -> None:
     for want in (
         mx.fast.rms_norm(mx.array(x), mx.array(w), 1e-5),
         compiled(mx.array(x), mx.array(w)),
-        fused_layer.norm(mx.array(x), mx.array(w), 1e-5),  # the lazy node
-        fused_layer.norm(mx.array(x[None]), mx.array(w), 1e-5)[0],  # [1, N, H]
     ):
         assert np.array_equal(_bits(got), _bits(want))
     # NumPy twin: squares summed in ascending order in float32 (add.accumulate is sequential)
@@ -410,10 +408,6 @@ def test_a_forward_is_one_node_a_layer(model, tmp_path: Path) -> None:
     names = _node_names(target, tmp_path)
     assert names["MTPLXLayer"] == len(target.trunk.inner.layers)
     for name in ("MTPLXLayerBefore", "MTPLXKVWrite", "MTPLXStoreAttention", "MTPLXLayerAfter"):
-        assert names[name] == 0, name
-    # the final norm one node (not MLX's fallback), the attention's key counts a constant
-    assert names["MTPLXRmsNorm"] == 1
-    for name in ("Square", "Sum", "Rsqrt", "Add"):
         assert names[name] == 0, name
     for name in ("Scatter", "Slice", "Transpose", "Concatenate", "Sigmoid", "Rsqrt"):
         assert names[name] <= 1, name

@@ -20,7 +20,6 @@ import os
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
 
 from mtplx import attention as fused_attention
@@ -48,9 +47,8 @@ class SlotLayers:
     trunk: Any
     attention: str  # "kernel" or "mlx": one kind for every forward of a target
     fuses_layers: bool  # the fused-kernel plan (False runs the compiled pieces)
-    # Within it, each layer one node (``fused_layer.layer``) and the final norm one
-    # (``fused_layer.norm``); False: five nodes a layer (``before``, the two KV writes, the
-    # attention, ``after``) and MLX's norm, the same bits.
+    # Within it, each layer one node (``fused_layer.layer``); False: five nodes a layer
+    # (``before``, the two KV writes, the attention, ``after``), the same bits.
     # ``MTPLX_LAYER_NODE=0`` starts targets on the five.
     layer_node: bool = True
     _fused: list[FusedProjections | None]  # per layer
@@ -261,21 +259,6 @@ class SlotLayers:
             for store, (keys, values) in zip(layers, written, strict=True):
                 store.keys, store.values = keys, values
         return x
-
-    def _final_norm(self, x: mx.array) -> mx.array:
-        """The trunk's final norm of x [1, N, H]: with the layer node, a float32 RMSNorm as
-        one node (``fused_layer.norm``, mx.fast.rms_norm's bits; eleven nodes in MLX's CPU
-        fallback), else the trunk's own module."""
-        norm = self.trunk.inner.norm
-        if (
-            self.fuses_layers
-            and self.layer_node
-            and type(norm) is nn.RMSNorm
-            and x.dtype == mx.float32
-            and norm.weight.dtype == mx.float32
-        ):
-            return fused_layer.norm(x, norm.weight, norm.eps)
-        return norm(x)
 
     def _fused_layer_args(self) -> list[fused_layer.LayerWeights]:
         """Each layer's ``fused_layer.LayerWeights`` (its weights are frozen after loading)."""

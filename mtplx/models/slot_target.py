@@ -119,7 +119,7 @@ class SlotTarget(SlotStores, SlotLayers):
         packed = mx.concatenate(tokens) if len(tokens) > 1 else tokens[0]
         positions = shifted_positions(rows, counts)
         x = self._trunk_layers(inner.embed_tokens(packed[None]), rows, counts, groups, positions)
-        hidden = self._final_norm(x)[0]  # [N, H]
+        hidden = inner.norm(x)[0]  # [N, H]
         self._keep_hidden(rows, counts, hidden)
         for row, count in zip(rows, counts, strict=True):
             row.length += count
