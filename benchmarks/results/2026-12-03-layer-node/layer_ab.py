@@ -12,6 +12,7 @@ per round, with the load average. Also: the graph nodes one steady step hands ML
 copied rather than written in place over the timed runs (``fused_layer.store_copies``).
 
     python benchmarks/results/2026-12-03-layer-node/layer_ab.py [--rounds 6] [--tokens 48]
+    python benchmarks/results/2026-12-03-layer-node/layer_ab.py --rounds 0  # nodes only
 """
 
 from __future__ import annotations
@@ -155,6 +156,8 @@ def main() -> None:
                 label = "one node" if setting else "five nodes"
                 print(f"{name} {label}: {sum(counts.values())} nodes: {dict(counts.most_common())}")
         target.layer_node = True
+    if args.rounds == 0:
+        return
     print(f"load before: {os.getloadavg()}")
     results: dict[tuple[str, bool], list[tuple[float, ...]]] = {}
     copies: dict[bool, int] = {True: 0, False: 0}
