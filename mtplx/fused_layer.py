@@ -11,6 +11,10 @@ of a quantized trunk is five nodes (one group of rows):
 - the fused attention kernel (``mtplx.attention``) over the store;
 - ``after``: o_proj, residual, post-attention RMSNorm, fused gate/up, SwiGLU, down, residual.
 
+``layer`` runs all five in one node (the same C functions in the same order, so the same
+bits): a step of the trunk is then one node a layer instead of five, and every node saves
+the engine thread building it and MLX's eval thread dispatching it.
+
 The products are the batch-invariant quantized kernel's (``mtplx.quant``), called from C, in
 the ``--activations`` mode every quantized product of the process takes;
 every elementwise step is MLX's own CPU operation in MLX's order (RMSNorm's sequential sum,
@@ -23,6 +27,9 @@ RoPE); float32 trunks and Metal keep ``mtplx.models.compiled_layer``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import mlx.core as mx
 
@@ -38,7 +45,9 @@ __all__ = [
     "greedy_verdict",
     "head_into",
     "head_out",
+    "layer",
     "rms_norm",
+    "store_copies",
     "swiglu",
     "verdict_counts",
     "write",
@@ -146,6 +155,94 @@ def write(
     return new_keys, ext.kv_write(values, v, write_at, to_padded, int(tokens))
 
 
+class LayerWeights(NamedTuple):
+    """A layer's weights and shapes as ``layer`` takes them (gathered once per layer)."""
+
+    input_norm: mx.array  # [H]
+    qkv: QuantWeight
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_dims: int
+    input_eps: float
+    scale: float
+    o_proj: QuantWeight
+    post_norm: mx.array  # [H]
+    gate_up: QuantWeight
+    down: QuantWeight
+    post_eps: float
+
+
+class GroupWrite(NamedTuple):
+    """One group of a forward as ``layer`` takes it: ``store``, its index into the stores;
+    the group's packed tokens [start, end); ``write_at``, ``to_padded`` and ``tokens`` as
+    ``write`` takes them; ``slots`` and ``counts`` as ``mtplx.attention.attend``."""
+
+    store: int
+    start: int
+    end: int
+    write_at: mx.array
+    to_padded: mx.array
+    tokens: int
+    slots: mx.array
+    counts: mx.array
+
+
+def layer(
+    x: mx.array,
+    weights: LayerWeights,
+    cos: mx.array,
+    sin: mx.array,
+    stores: Sequence[tuple[mx.array, mx.array]],
+    groups: Sequence[GroupWrite],
+    int8: bool | None = None,
+) -> tuple[mx.array, list[tuple[mx.array, mx.array]]]:
+    """A whole layer, lazily, in one node: ``before``, then per group in order its keys and
+    values written (``write``) and its attention over its store (``mtplx.attention``), the
+    groups' results concatenated, then ``after`` -- the same C functions in the same order,
+    so the five nodes' bits. x [..., N, H] (the groups' segments cover the N tokens in
+    order), stores: (keys, values) of each distinct store the groups write -> (the layer's
+    output [..., N, H], each store after the writes). A store is written in place where
+    nothing else holds it, as ``write``'s."""
+    w = weights
+    arrays: list[mx.array] = []
+    meta: list[int] = []
+    for group in groups:
+        arrays += [group.write_at, group.to_padded, group.slots, group.counts]
+        meta += [group.store, group.start, group.end, int(group.tokens)]
+    out = load_extension().layer_step(
+        x,
+        w.input_norm,
+        *w.qkv.arrays,
+        w.qkv.bits,
+        w.qkv.group_size,
+        cos,
+        sin,
+        w.heads,
+        w.kv_heads,
+        w.head_dim,
+        w.rope_dims,
+        float(w.input_eps),
+        float(w.scale),
+        *w.o_proj.arrays,
+        w.o_proj.bits,
+        w.o_proj.group_size,
+        w.post_norm,
+        *w.gate_up.arrays,
+        w.gate_up.bits,
+        w.gate_up.group_size,
+        *w.down.arrays,
+        w.down.bits,
+        w.down.group_size,
+        float(w.post_eps),
+        _int8_rows(int8),
+        [a for pair in stores for a in pair],
+        arrays,
+        meta,
+    )
+    return out[0], [(out[1 + 2 * s], out[2 + 2 * s]) for s in range(len(stores))]
+
+
 def head_into(
     embedded: mx.array,
     hidden: mx.array,
@@ -228,6 +325,12 @@ def verdict_counts(
     those are 7 nodes."""
     rejected, valid, tokens, last = load_extension().verdict_counts(num_accepted, output_tokens)
     return rejected, valid, tokens, last
+
+
+def store_copies() -> int:
+    """KV stores a write (``write``, ``layer``) copied instead of writing in place so far:
+    each copy costs the whole store's bytes, so a steady decode loop should add none."""
+    return int(load_extension().store_copies())
 
 
 def rms_norm(x: mx.array, weight: mx.array, eps: float) -> mx.array:

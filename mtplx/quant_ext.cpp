@@ -5,6 +5,7 @@
 // MLX's lazy graph: it composes with mx.compile, and async_eval runs it on the CPU stream's
 // worker thread while Python builds the next step. Built and cached by mtplx.quant.
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <array>
@@ -481,6 +482,10 @@ mx::array layer_after(const mx::array& x, const mx::array& attended, const mx::a
                    inputs);
 }
 
+// Stores a KV write copied (another holder, or a view) instead of writing in place: a
+// counter for tests and benchmarks, since a copy costs the whole store's bytes.
+std::atomic<unsigned long> store_copies{0};
+
 // A group's new keys (or values) written into a layer's store: inputs store [S, kv, cap, w]
 // (values: w = d + 1), new [n, kv, d] (every packed token), write_at [R * kv * T] (the store
 // row, (slot * kv + head) * cap + position, of each (row, head, token) of the group's padded
@@ -499,6 +504,7 @@ class KVWrite : public mx::UnaryPrimitive {
     const bool copied = !(store.is_donatable() && store.flags().row_contiguous);
     if (copied) {
       out.set_data(mx::allocator::malloc(out.nbytes()));
+      store_copies++;
     } else {
       out.copy_shared_buffer(store);
     }
@@ -560,6 +566,259 @@ mx::array kv_write(const mx::array& store, const mx::array& fresh, const mx::arr
                    {store, mx::astype(fresh, mx::float32, stream),
                     mx::astype(write_at, mx::int32, stream),
                     mx::astype(to_padded, mx::int32, stream)});
+}
+
+// -- a whole layer in one node -------------------------------------------------------------
+
+// The new keys (or values) of one group written into a store (KVWrite's loop): store [S, kv,
+// cap, width] (its data in Y), fresh [tokens, kv, d], write_at [R * kv * T], to_padded [R * T].
+void write_rows(float* Y, int64_t store_rows, int64_t width, const float* fresh, int64_t tokens,
+                int64_t kv, int64_t d, const int32_t* write_at, const int32_t* to_padded,
+                int64_t R, int64_t T) {
+  for (int64_t r = 0; r < R; r++)
+    for (int64_t h = 0; h < kv; h++)
+      for (int64_t t = 0; t < T; t++) {
+        const int64_t token = to_padded[r * T + t];
+        const int64_t row = write_at[(r * kv + h) * T + t];
+        // Out of range: a bug upstream; nothing is written out of bounds.
+        if (token < 0 || token >= tokens || row < 0 || row >= store_rows) continue;
+        std::memcpy(Y + row * width, fresh + (token * kv + h) * d, sizeof(float) * d);
+        for (int64_t e = d; e < width; e++) Y[row * width + e] = 1.0f;
+      }
+}
+
+// One group of a layer's forward: its store, its segment [start, end) of the packed tokens
+// and T, the tokens per row of its padded layout.
+struct LayerGroup {
+  int store, start, end, tokens;
+  bool operator==(const LayerGroup&) const = default;
+};
+
+// A whole decoder layer of a quantized trunk as one node: what LayerBefore, a KVWrite of the
+// keys and of the values, StoreAttention and LayerAfter do, in that order and with the same
+// C functions, so the same bits. Inputs: x [..., n, H], norm [H], the q/k/v weight (w, scales,
+// biases), cos, sin, post norm [H], the o_proj, gate/up and down weights (w, scales, biases
+// each), then each store's keys [S, kv, cap, d] and values [S, kv, cap, d + 1], then each
+// group's write_at, to_padded, slots and counts (int32). Outputs: the layer's output [..., n,
+// H], then each store's keys and values after the writes. Groups run in order, each one's
+// writes before its attention, as the five nodes do; a store shared by several groups is one
+// input and one output pair.
+//
+// A store is written in place when nothing but this node holds it (as KVWrite), else on a
+// copy. Every output of a node holds the node's inputs until it is evaluated, so the node
+// lets go of the inputs its sibling outputs hold when it is evaluated (MLX detaches them all
+// right after): the store is then held only by the evaluated output, as a KVWrite's is.
+class LayerStep : public mx::Primitive {
+ public:
+  static constexpr int kFixed = 17;  // the inputs before the stores
+
+  LayerStep(mx::Stream stream, float eps, float post_eps, float scale, int heads, int kv, int d,
+            int dims, std::array<int, 8> kinds, bool int8, std::vector<LayerGroup> groups,
+            int stores)
+      : mx::Primitive(stream), eps_(eps), post_eps_(post_eps), scale_(scale), heads_(heads),
+        kv_(kv), d_(d), dims_(dims), kinds_(kinds), int8_(int8), groups_(std::move(groups)),
+        stores_(stores) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& sibling : outputs) {
+      if (&sibling.inputs() != &inputs && !sibling.is_tracer()) sibling.inputs().clear();
+    }
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
+    std::vector<char> copied(2 * stores_, 0);
+    for (int s = 0; s < 2 * stores_; s++) {
+      const mx::array& store = inputs[kFixed + s];
+      mx::array& out = outputs[1 + s];
+      if (store.is_donatable() && store.flags().row_contiguous) {
+        out.copy_shared_buffer(store);
+      } else {
+        out.set_data(mx::allocator::malloc(out.nbytes()));
+        copied[s] = 1;
+        store_copies++;
+      }
+    }
+    std::vector<mx::array> in, out;
+    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    for (auto& a : outputs) out.push_back(mx::array::unsafe_weak_copy(a));
+    encoder.dispatch([in = std::move(in), out = std::move(out), copied = std::move(copied),
+                      eps = eps_, post_eps = post_eps_, scale = scale_, heads = heads_,
+                      kv = kv_, d = d_, dims = dims_, k = kinds_, int8 = int8_,
+                      groups = groups_, stores = stores_]() mutable {
+      const int H = static_cast<int>(in[0].shape(-1));
+      const int n = static_cast<int>(in[0].size() / H);
+      std::vector<char> xd, nd, cd, sd, pd;
+      QWeightData qw, ow, guw, dw;
+      const mtplx_qweight qkv = qw.view(in[2], in[3], in[4], k[0], k[1], int8);
+      const mtplx_qweight o = ow.view(in[8], in[9], in[10], k[2], k[3], int8);
+      const mtplx_qweight gu = guw.view(in[11], in[12], in[13], k[4], k[5], int8);
+      const mtplx_qweight down = dw.view(in[14], in[15], in[16], k[6], k[7], int8);
+      const float* x = static_cast<const float*>(dense(in[0], xd));
+      // q, k, v [n, heads or kv, d] and the attention's output [n, heads * d], as the five
+      // nodes' intermediate arrays hold them: scratch of the stream's thread, kept between
+      // layers and steps (grown, never cleared: every element read is written first), so a
+      // layer allocates nothing and a prompt chunk's megabytes are not faulted in again.
+      thread_local std::vector<float> q, fk, fv, attended;
+      const size_t q_size = static_cast<size_t>(n) * heads * d;
+      const size_t kv_size = static_cast<size_t>(n) * kv * d;
+      if (q.size() < q_size) {
+        q.resize(q_size);
+        attended.resize(q_size);
+      }
+      if (fk.size() < kv_size) {
+        fk.resize(kv_size);
+        fv.resize(kv_size);
+      }
+      const int rope_rows = static_cast<int>(in[5].size() / (dims / 2)) == 1 ? 1 : n;
+      if (mtplx_layer_before(x, n, H, static_cast<const float*>(dense(in[1], nd)), eps, &qkv,
+                             heads, kv, d, dims, static_cast<const float*>(dense(in[5], cd)),
+                             static_cast<const float*>(dense(in[6], sd)), rope_rows, q.data(),
+                             fk.data(), fv.data()) != 0)
+        throw std::runtime_error("mtplx fused layer: the product failed");
+      for (int s = 0; s < 2 * stores; s++) {
+        if (!copied[s]) continue;
+        std::vector<char> scratch;
+        std::memcpy(out[1 + s].data<char>(), dense(in[kFixed + s], scratch), out[1 + s].nbytes());
+      }
+      int64_t row_at = 0;  // the groups' results are concatenated in group order
+      for (size_t g = 0; g < groups.size(); g++) {
+        const LayerGroup& group = groups[g];
+        const int base = kFixed + 2 * stores + 4 * static_cast<int>(g);
+        std::vector<char> wd, td, sld, ctd;
+        const int32_t* write_at = static_cast<const int32_t*>(dense(in[base], wd));
+        const int32_t* to_padded = static_cast<const int32_t*>(dense(in[base + 1], td));
+        const int64_t T = group.tokens;
+        const int64_t R = static_cast<int64_t>(in[base + 1].size()) / T;
+        mx::array& keys = out[1 + 2 * group.store];
+        mx::array& values = out[2 + 2 * group.store];
+        const int64_t kw = keys.shape(-1), vw = values.shape(-1);
+        write_rows(keys.data<float>(), static_cast<int64_t>(keys.size()) / kw, kw, fk.data(), n,
+                   kv, d, write_at, to_padded, R, T);
+        write_rows(values.data<float>(), static_cast<int64_t>(values.size()) / vw, vw, fv.data(),
+                   n, kv, d, write_at, to_padded, R, T);
+        const int count = group.end - group.start;
+        // -2 (a slot or count out of range) leaves NaN in the result, as StoreAttention.
+        (void)mtplx_attend(q.data() + static_cast<size_t>(group.start) * heads * d,
+                           keys.data<float>(), values.data<float>(),
+                           static_cast<const int32_t*>(dense(in[base + 2], sld)),
+                           static_cast<const int32_t*>(dense(in[base + 3], ctd)), count, heads,
+                           kv, d, static_cast<int>(keys.shape(0)), static_cast<int>(keys.shape(2)),
+                           static_cast<int>(vw), scale,
+                           attended.data() + static_cast<size_t>(row_at) * heads * d);
+        row_at += count;
+      }
+      if (mtplx_layer_after(x, attended.data(), n, H, &o,
+                            static_cast<const float*>(dense(in[7], pd)), post_eps, &gu, &down,
+                            out[0].data<float>()) != 0)
+        throw std::runtime_error("mtplx fused layer: the product failed");
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mtplx fused layer runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXLayer"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const LayerStep*>(&other);
+    return o != nullptr && o->eps_ == eps_ && o->post_eps_ == post_eps_ && o->scale_ == scale_ &&
+           o->heads_ == heads_ && o->kv_ == kv_ && o->d_ == d_ && o->dims_ == dims_ &&
+           o->kinds_ == kinds_ && o->int8_ == int8_ && o->groups_ == groups_ &&
+           o->stores_ == stores_;
+  }
+
+ private:
+  float eps_, post_eps_, scale_;
+  int heads_, kv_, d_, dims_;
+  std::array<int, 8> kinds_;  // (bits, group size) of q/k/v, o_proj, gate/up, down
+  bool int8_;                 // the products' rows quantized to 8 bits (mtplx_qmm_int8)
+  std::vector<LayerGroup> groups_;
+  int stores_;
+};
+
+std::vector<mx::array> layer_step(
+    const mx::array& x, const mx::array& norm, const mx::array& w, const mx::array& scales,
+    const mx::array& biases, int bits, int group_size, const mx::array& cos, const mx::array& sin,
+    int heads, int kv, int head_dim, int dims, float eps, float scale, const mx::array& o_w,
+    const mx::array& o_s, const mx::array& o_b, int o_bits, int o_group,
+    const mx::array& post_norm, const mx::array& gu_w, const mx::array& gu_s,
+    const mx::array& gu_b, int gu_bits, int gu_group, const mx::array& d_w, const mx::array& d_s,
+    const mx::array& d_b, int d_bits, int d_group, float post_eps, bool int8,
+    const std::vector<mx::array>& stores, const std::vector<mx::array>& group_arrays,
+    const std::vector<int>& group_meta) {
+  const int H = static_cast<int>(x.shape(-1));
+  const int n = static_cast<int>(x.size() / H);
+  const int A = heads * head_dim;
+  check_weight(w, scales, biases, bits, group_size, H);
+  check_weight(o_w, o_s, o_b, o_bits, o_group, A);
+  check_weight(gu_w, gu_s, gu_b, gu_bits, gu_group, H);
+  const int I = static_cast<int>(d_w.shape(1) * 32 / d_bits);
+  check_weight(d_w, d_s, d_b, d_bits, d_group, I);
+  if (heads <= 0 || kv <= 0 || head_dim <= 0 || dims <= 0 || dims > head_dim || dims % 2 ||
+      heads % kv != 0 || heads / kv > 64 || head_dim > 512 ||
+      w.shape(0) != (heads + 2 * kv) * head_dim || norm.size() != static_cast<size_t>(H) ||
+      post_norm.size() != static_cast<size_t>(H) || cos.size() != sin.size() ||
+      (cos.size() != static_cast<size_t>(dims / 2) &&
+       cos.size() != static_cast<size_t>(n) * (dims / 2)) ||
+      o_w.shape(0) != H || gu_w.shape(0) != 2 * I || d_w.shape(0) != H)
+    throw std::invalid_argument("layer_step: shapes do not match");
+  const int num_stores = static_cast<int>(stores.size() / 2);
+  const size_t num_groups = group_meta.size() / 4;
+  if (stores.size() % 2 || num_stores < 1 || group_meta.size() % 4 || num_groups < 1 ||
+      group_arrays.size() != 4 * num_groups)
+    throw std::invalid_argument("layer_step: stores (keys, values) and groups (4 arrays each)");
+  for (int s = 0; s < num_stores; s++) {
+    const mx::array& keys = stores[2 * s];
+    const mx::array& values = stores[2 * s + 1];
+    if (keys.ndim() != 4 || values.ndim() != 4 || keys.dtype() != mx::float32 ||
+        values.dtype() != mx::float32 || keys.shape(1) != kv || keys.shape(3) != head_dim ||
+        values.shape(0) != keys.shape(0) || values.shape(1) != kv ||
+        values.shape(2) != keys.shape(2) || values.shape(3) < head_dim)
+      throw std::invalid_argument("layer_step: a store's shapes do not match");
+  }
+  std::vector<LayerGroup> groups;
+  int covered = 0;
+  for (size_t g = 0; g < num_groups; g++) {
+    LayerGroup group{group_meta[4 * g], group_meta[4 * g + 1], group_meta[4 * g + 2],
+                     group_meta[4 * g + 3]};
+    const mx::array& write_at = group_arrays[4 * g];
+    const mx::array& to_padded = group_arrays[4 * g + 1];
+    const size_t count = static_cast<size_t>(group.end - group.start);
+    if (group.store < 0 || group.store >= num_stores || group.start < 0 ||
+        group.end <= group.start || group.end > n || group.tokens <= 0 ||
+        to_padded.size() % group.tokens != 0 ||
+        write_at.size() != to_padded.size() * static_cast<size_t>(kv) ||
+        group_arrays[4 * g + 2].size() != count || group_arrays[4 * g + 3].size() != count)
+      throw std::invalid_argument("layer_step: a group's shapes do not match");
+    covered += static_cast<int>(count);
+    groups.push_back(group);
+  }
+  if (covered != n) throw std::invalid_argument("layer_step: the groups' tokens are not n");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  auto f32 = [&](const mx::array& a) { return mx::astype(a, mx::float32, stream); };
+  std::vector<mx::array> inputs = {f32(x),    f32(norm), w,   scales, biases, f32(cos),
+                                   f32(sin),  f32(post_norm), o_w, o_s,   o_b,  gu_w,
+                                   gu_s,      gu_b,      d_w, d_s,    d_b};
+  kernel_params(inputs, 3, stream);
+  kernel_params(inputs, 9, stream);
+  kernel_params(inputs, 12, stream);
+  kernel_params(inputs, 15, stream);
+  std::vector<mx::Shape> shapes = {x.shape()};
+  std::vector<mx::Dtype> dtypes = {mx::float32};
+  for (const auto& store : stores) {
+    inputs.push_back(store);
+    shapes.push_back(store.shape());
+    dtypes.push_back(mx::float32);
+  }
+  for (const auto& a : group_arrays) inputs.push_back(mx::astype(a, mx::int32, stream));
+  return mx::array::make_arrays(
+      std::move(shapes), dtypes,
+      std::make_shared<LayerStep>(
+          stream, eps, post_eps, scale, heads, kv, head_dim, dims,
+          std::array<int, 8>{bits, group_size, o_bits, o_group, gu_bits, gu_group, d_bits,
+                             d_group},
+          int8, std::move(groups), num_stores),
+      inputs);
 }
 
 // -- embedding lookup ----------------------------------------------------------------------
@@ -1049,6 +1308,19 @@ NB_MODULE(_mtplx_quant, m) {
   m.def("kv_write", &kv_write, nb::arg("store"), nb::arg("fresh"), nb::arg("write_at"),
         nb::arg("to_padded"), nb::arg("tokens"),
         "A group's new keys (or values) written into a layer's store, lazily (one node).");
+  m.def("layer_step", &layer_step, nb::arg("x"), nb::arg("norm"), nb::arg("w"),
+        nb::arg("scales"), nb::arg("biases"), nb::arg("bits"), nb::arg("group_size"),
+        nb::arg("cos"), nb::arg("sin"), nb::arg("heads"), nb::arg("kv_heads"),
+        nb::arg("head_dim"), nb::arg("dims"), nb::arg("eps"), nb::arg("scale"), nb::arg("o_w"),
+        nb::arg("o_scales"), nb::arg("o_biases"), nb::arg("o_bits"), nb::arg("o_group"),
+        nb::arg("post_norm"), nb::arg("gu_w"), nb::arg("gu_scales"), nb::arg("gu_biases"),
+        nb::arg("gu_bits"), nb::arg("gu_group"), nb::arg("d_w"), nb::arg("d_scales"),
+        nb::arg("d_biases"), nb::arg("d_bits"), nb::arg("d_group"), nb::arg("post_eps"),
+        nb::arg("int8"), nb::arg("stores"), nb::arg("group_arrays"), nb::arg("group_meta"),
+        "A whole layer as one lazy node (layer_before, the KV writes, the attention and "
+        "layer_after) -> [x, keys, values of each store].");
+  m.def("store_copies", []() { return store_copies.load(); },
+        "KV stores written on a copy rather than in place so far (KVWrite and the layer node).");
   m.def("embed_rows", &embed_rows, nb::arg("ids"), nb::arg("w"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("bits"), nb::arg("group_size"),
         "Rows ids of a quantized embedding table, dequantized (mx.dequantize's bits), lazily "

@@ -1,8 +1,8 @@
 """The fused layer kernels (mtplx.fused_layer): each elementwise piece bitwise equal to MLX's
 own CPU ops (and to NumPy twins where NumPy computes the same order), each half of a layer
 bitwise equal to the compiled pieces it replaces, forwards through them bitwise equal to the
-compiled path, the KV write in place only when nothing else holds the store, five graph nodes
-a layer."""
+compiled path, one graph node a layer bitwise equal to the five (halves, KV writes,
+attention), the KV write in place only when nothing else holds the store."""
 
 from __future__ import annotations
 
@@ -391,23 +391,104 @@ def test_mlx_attention_keeps_the_compiled_pieces(model) -> None:
     assert not SlotTarget(model.target, max_rows=2, attention="mlx").fuses_layers
 
 
-def test_a_forward_is_five_nodes_a_layer(model, tmp_path: Path) -> None:
+def _node_names(target: SlotTarget, tmp_path: Path) -> collections.Counter[str]:
+    """The graph nodes of a one-token step after a 9-token prompt, by primitive name."""
+    row = target.new_row()
+    mx.eval(target.forward([row], [mx.array(_tokens(0, 9), mx.int32)], "none")[0].hidden)
+    logits = target.forward([row], [mx.array([7], mx.int32)], "all")[0].logits
+    mx.export_to_dot(str(tmp_path / "graph.dot"), logits)
+    return collections.Counter(re.findall(r'label ="(\w+)"', (tmp_path / "graph.dot").read_text()))
+
+
+def test_a_forward_is_one_node_a_layer(model, tmp_path: Path) -> None:
+    target = SlotTarget(model.target, max_rows=2, attention="kernel")
+    if not target.fuses_layers:
+        return
+    assert target.layer_node
+    names = _node_names(target, tmp_path)
+    assert names["MTPLXLayer"] == len(target.trunk.inner.layers)
+    for name in ("MTPLXLayerBefore", "MTPLXKVWrite", "MTPLXStoreAttention", "MTPLXLayerAfter"):
+        assert names[name] == 0, name
+    for name in ("Scatter", "Slice", "Transpose", "Concatenate", "Sigmoid", "Rsqrt"):
+        assert names[name] <= 1, name
+
+
+def test_a_forward_is_five_nodes_a_layer_without_the_layer_node(
+    model, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MTPLX_LAYER_NODE", "0")
+    target = SlotTarget(model.target, max_rows=2, attention="kernel")
+    if not target.fuses_layers:
+        return
+    assert not target.layer_node
+    names = _node_names(target, tmp_path)
+    layers = len(target.trunk.inner.layers)
+    per_layer = {"MTPLXLayerBefore": 1, "MTPLXKVWrite": 2, "MTPLXStoreAttention": 1}
+    for name, count in {**per_layer, "MTPLXLayerAfter": 1}.items():
+        assert names[name] == count * layers, name
+    assert names["MTPLXLayer"] == 0
+    # the rest (embedding, RoPE angles, final norm, LM head) is per forward: none of the
+    # compiled pieces' per-layer nodes is left
+    for name in ("Scatter", "Slice", "Transpose", "Concatenate", "Sigmoid", "Rsqrt"):
+        assert names[name] <= 1, name
+
+
+def _stores(target: SlotTarget) -> list[mx.array]:
+    """Every KV array of the target: the shared store's, then each private store's."""
+    stores = [target._shared, *(target._private[slot] for slot in sorted(target._private))]
+    return [a for store in stores for kv in store.layers for a in (kv.keys, kv.values)]
+
+
+@pytest.mark.parametrize("activations", ["int8", "float32"])
+@pytest.mark.parametrize("shared_capacity", [None, 160])
+def test_one_node_layers_give_the_five_nodes_bits(
+    model, activations: str, shared_capacity: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every forward of the plan (prompt chunks, verify rows beside each other and beside a
+    chunk, a lazily trimmed row, rows at different offsets; with a small shared capacity a
+    row in a store of its own beside the shared rows: two stores in one layer node): the
+    logits, the hidden states and every KV array the layer nodes write are the five nodes'
+    bits."""
+    monkeypatch.setenv("MTPLX_ACTIVATIONS", activations)
+    one = SlotTarget(model.target, max_rows=8, attention="kernel")
+    if not one.fuses_layers:
+        return
+    five = SlotTarget(model.target, max_rows=8, attention="kernel")
+    five.layer_node = False
+    if shared_capacity is not None:
+        one.shared_capacity = five.shared_capacity = shared_capacity
+    for (logits, hidden), (logits2, hidden2) in zip(_run(five), _run(one), strict=True):
+        assert np.array_equal(_bits(logits), _bits(logits2))
+        assert np.array_equal(_bits(hidden), _bits(hidden2))
+    if shared_capacity is not None:
+        assert one._private and sorted(one._private) == sorted(five._private)
+    stores_one, stores_five = _stores(one), _stores(five)
+    assert len(stores_one) == len(stores_five)
+    for a, b in zip(stores_five, stores_one, strict=True):
+        assert a.shape == b.shape
+        assert np.array_equal(_bits(a), _bits(b))
+
+
+def test_the_layer_node_writes_the_store_in_place_unless_it_is_held(model) -> None:
     target = SlotTarget(model.target, max_rows=2, attention="kernel")
     if not target.fuses_layers:
         return
     row = target.new_row()
     mx.eval(target.forward([row], [mx.array(_tokens(0, 9), mx.int32)], "none")[0].hidden)
-    logits = target.forward([row], [mx.array([7], mx.int32)], "all")[0].logits
-    mx.export_to_dot(str(tmp_path / "graph.dot"), logits)
-    names = collections.Counter(re.findall(r'label ="(\w+)"', (tmp_path / "graph.dot").read_text()))
-    layers = len(target.trunk.inner.layers)
-    per_layer = {"MTPLXLayerBefore": 1, "MTPLXKVWrite": 2, "MTPLXStoreAttention": 1}
-    for name, count in {**per_layer, "MTPLXLayerAfter": 1}.items():
-        assert names[name] == count * layers, name
-    # the rest (embedding, RoPE angles, final norm, LM head) is per forward: none of the
-    # compiled pieces' per-layer nodes is left
-    for name in ("Scatter", "Slice", "Transpose", "Concatenate", "Sigmoid", "Rsqrt"):
-        assert names[name] <= 1, name
+    kv = target._shared.layers[0]
+    before = (_pointer(kv.keys), _pointer(kv.values))
+    copies = fused_layer.store_copies()
+    mx.eval(target.forward([row], [mx.array([7], mx.int32)], "all")[0].logits)
+    assert (_pointer(kv.keys), _pointer(kv.values)) == before
+    assert fused_layer.store_copies() == copies  # no layer's store copied
+    held = kv.keys  # another holder: the layer node must leave it as it is
+    held_bits = _bits(held).copy()
+    mx.eval(target.forward([row], [mx.array([8], mx.int32)], "all")[0].logits)
+    assert fused_layer.store_copies() == copies + 1  # that store only
+    assert np.array_equal(_bits(held), held_bits)
+    assert _pointer(kv.keys) != _pointer(held)
+    assert _pointer(kv.values) == before[1]
+    assert not np.array_equal(_bits(kv.keys), held_bits)
 
 
 # -- the KV write -----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 plans that give the same bits:
 
 - fused kernels (``mtplx.fused_layer``): quantized layers on the CPU with the fused
-  attention kernel, each half of a layer one kernel (five graph nodes a layer);
+  attention kernel, each layer one graph node (``fused_layer.layer``), or five (its halves,
+  the two KV writes and the attention) where ``layer_node`` is False;
 - compiled pieces (``mtplx.models.compiled_layer``): the same ops as the plain layers,
   traced once, a third of the graph-building time;
 - plain layers: mlx-lm's modules (over the fused projections where the layer has them,
@@ -16,7 +17,7 @@ or ``"mlx"`` (MLX ops over the groups' padded layout).
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.activations import swiglu
@@ -40,33 +41,18 @@ from mtplx.models.slot_layout import SlotGroup, padded
 __all__ = ["SlotLayers"]
 
 
-class FusedLayerArgs(NamedTuple):
-    """What ``fused_layer``'s calls of one layer take, gathered once: a step builds 30
-    layers' nodes on the engine thread, which shares the CPU with the kernels."""
-
-    input_norm: mx.array  # [H]
-    qkv: QuantWeight
-    heads: int
-    kv_heads: int
-    head_dim: int
-    rope_dims: int
-    input_eps: float
-    scale: float
-    o_proj: QuantWeight
-    post_norm: mx.array  # [H]
-    gate_up: QuantWeight
-    down: QuantWeight
-    post_eps: float
-
-
 class SlotLayers:
     """The layer plans of ``SlotTarget`` (its attributes are set by ``SlotTarget.__init__``)."""
 
     trunk: Any
     attention: str  # "kernel" or "mlx": one kind for every forward of a target
     fuses_layers: bool  # the fused-kernel plan (False runs the compiled pieces)
+    # Within it, each layer one node (``fused_layer.layer``); False: five nodes a layer
+    # (``before``, the two KV writes, the attention, ``after``), the same bits.
+    # ``MTPLX_LAYER_NODE=0`` starts targets on the five.
+    layer_node: bool = True
     _fused: list[FusedProjections | None]  # per layer
-    _fused_args: list[FusedLayerArgs] | None = None  # per layer, once the fused plan runs
+    _fused_args: list[fused_layer.LayerWeights] | None = None  # per layer, once the fused plan runs
     _compiled: CompiledLayer | None  # the compiled pieces, where they describe the layers
     _query_block: int  # the most queries per head in one product of the MLX-op attention
 
@@ -186,10 +172,12 @@ class SlotLayers:
         self, compiled: CompiledLayer, x: mx.array, groups: list[SlotGroup], positions: mx.array
     ) -> mx.array:
         """``_layers`` through the fused kernels (``mtplx.fused_layer``): the compiled pieces'
-        bits, five graph nodes a layer for a forward of one group."""
+        bits, one graph node a layer (``layer_node``), or five for a forward of one group."""
         cos, sin = compiled.rope_tables(positions)  # [N, 1, 1, dims / 2], or [1, dims / 2]
         num_tokens = x.shape[-2]
         int8 = activations_format() == "int8"
+        if self.layer_node:
+            return self._layer_nodes(x, groups, cos, sin, int8)
         for index, args in enumerate(self._fused_layer_args()):
             queries_all, keys_all, values_all = fused_layer.before(
                 x,
@@ -237,8 +225,43 @@ class SlotLayers:
             )
         return x
 
-    def _fused_layer_args(self) -> list[FusedLayerArgs]:
-        """Each layer's ``FusedLayerArgs`` (its weights are frozen after loading)."""
+    def _layer_nodes(
+        self, x: mx.array, groups: list[SlotGroup], cos: mx.array, sin: mx.array, int8: bool
+    ) -> mx.array:
+        """``_fused_layers`` with each layer one node (``fused_layer.layer``): the five nodes'
+        C functions in their order, so their bits."""
+        # The distinct stores the groups write (groups of one store share its arrays) and
+        # each group's index into them; the groups' per-forward inputs, once for every layer.
+        owners: list[Any] = []
+        for group in groups:
+            if not any(group.store is owner for owner in owners):
+                owners.append(group.store)
+        writes = []
+        for group in groups:
+            assert group.slots is not None and group.counts is not None
+            writes.append(
+                fused_layer.GroupWrite(
+                    next(i for i, owner in enumerate(owners) if owner is group.store),
+                    group.start,
+                    group.end,
+                    group.write_at,
+                    group.to_padded,
+                    group.max_tokens,
+                    group.slots,
+                    group.counts,
+                )
+            )
+        for index, weights in enumerate(self._fused_layer_args()):
+            layers = [owner.layers[index] for owner in owners]
+            x, written = fused_layer.layer(
+                x, weights, cos, sin, [(s.keys, s.values) for s in layers], writes, int8=int8
+            )
+            for store, (keys, values) in zip(layers, written, strict=True):
+                store.keys, store.values = keys, values
+        return x
+
+    def _fused_layer_args(self) -> list[fused_layer.LayerWeights]:
+        """Each layer's ``fused_layer.LayerWeights`` (its weights are frozen after loading)."""
         if self._fused_args is None:
             plan = []
             for layer, fused in zip(self.trunk.inner.layers, self._fused, strict=True):
@@ -250,7 +273,7 @@ class SlotLayers:
                 assert isinstance(qkv, QuantWeight) and isinstance(gate_up, QuantWeight)
                 assert isinstance(o_proj, QuantWeight) and isinstance(down, QuantWeight)
                 plan.append(
-                    FusedLayerArgs(
+                    fused_layer.LayerWeights(
                         norm.weight,
                         qkv,
                         attn.n_heads,

@@ -124,22 +124,25 @@ def build_group(
     starts = [lengths[r] if first + r in fed else None for r in range(num_slots)]
     write_to = _write_positions(starts, store_first, kv_heads, store.capacity, max_tokens)
     offsets = mx.array(lengths, mx.int32)
+    known: list[int] | None = lengths  # the offsets as integers, where no trim is lazy
     slot_rows = [fed.get(slot) for slot in range(first, last + 1)]
     if num_slots == 1 and (shift := rows[0].shift()) is not None:
         # One row with lazy trims (a drafting cycle alone): both come down, a node each.
         offsets, write_to = _shift_down()(offsets, write_to, shift)
+        known = None
     elif any(row is not None and row.unsettled for row in slot_rows):
         # Rows with lazy trims: their offsets and write positions come down by them.
         shifts = mx.stack([shift_or_zero(row) for row in slot_rows])  # [R]
         offsets = offsets - shifts
         write_to = write_to - mx.repeat(shifts, kv_heads * max_tokens)
+        known = None
     key_length = max(lengths) + max_tokens
     span = min(-(-key_length // ATTEND_STEP) * ATTEND_STEP, store.capacity)
     mask, visible = _masks(offsets, max_tokens, key_length, span, visible_up_to, kernel)
     token_slots: mx.array | None = None
     counts_seen: mx.array | None = None
     if kernel:
-        token_slots, counts_seen = _kernel_inputs(rows, counts, first, store_first, offsets)
+        token_slots, counts_seen = _kernel_inputs(rows, counts, first, store_first, offsets, known)
     dense = len(to_padded) == position - start and to_padded == list(range(start, position))
     return SlotGroup(
         first_slot=first,
@@ -242,14 +245,24 @@ def _write_positions(
 
 
 def _kernel_inputs(
-    rows: list[SlotRow], counts: list[int], first: int, store_first: int, offsets: mx.array
+    rows: list[SlotRow],
+    counts: list[int],
+    first: int,
+    store_first: int,
+    offsets: mx.array,
+    known: list[int] | None,
 ) -> tuple[mx.array, mx.array]:
     """The fused attention kernel's per packed token inputs: its slot in the store, and the
     keys it sees (its row's offset, lazy trims included, + its index in the row's tokens
-    + 1); both [tokens] int32."""
+    + 1); both [tokens] int32. ``known``: the offsets as integers where no trim is lazy (the
+    counts are then a constant, not three graph nodes every step)."""
     window = [row.slot - first for row, c in zip(rows, counts, strict=True) for _ in range(c)]
     steps = [t + 1 for c in counts for t in range(c)]
     token_slots = mx.array([store_first + r for r in window], mx.int32)
+    if known is not None:
+        return token_slots, mx.array(
+            [known[r] + s for r, s in zip(window, steps, strict=True)], mx.int32
+        )
     return token_slots, offsets[mx.array(window, mx.int32)] + mx.array(steps, mx.int32)
 
 

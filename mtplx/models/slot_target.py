@@ -11,6 +11,7 @@ blocks: ``mtplx.models.slot_store``) and ``SlotLayers`` (the layer plans:
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,10 +83,16 @@ class SlotTarget(SlotStores, SlotLayers):
         self._fused = [fuse_projections(layer) for layer in self.trunk.inner.layers]
         self._compiled = CompiledLayer.for_trunk(list(self.trunk.inner.layers), self._fused)
         self.attention = self._attention_kind(attention)
-        # Quantized layers on the CPU: each half of a layer one fused kernel (mtplx.fused_layer:
-        # the compiled pieces' bits in five graph nodes a layer instead of ~50). False runs
-        # the compiled pieces, e.g. to compare the two.
+        # Quantized layers on the CPU: fused kernels (mtplx.fused_layer: the compiled pieces'
+        # bits in one graph node a layer instead of ~50). False runs the compiled pieces, e.g.
+        # to compare the two.
         self.fuses_layers = self._fuses_layers()
+        # MTPLX_LAYER_NODE=0: five nodes a layer (its halves, KV writes, attention), same bits.
+        self.layer_node = os.environ.get("MTPLX_LAYER_NODE", "1").strip().lower() not in (
+            "0",
+            "off",
+            "no",
+        )
         if self.attention == "kernel" and self._products_unbounded():
             # No product of a forward goes through the row-limited BLAS kernel: a prompt
             # alone may feed hundreds of tokens a forward (``Schedule._prefill_piece``).
