@@ -95,6 +95,15 @@ const void* dense(const mx::array& a, std::vector<char>& scratch) {
   return scratch.data();
 }
 
+// Weak copies of a node's arrays for its dispatched task (the task must not keep the graph's
+// arrays alive; MLX keeps them until the task has run).
+std::vector<mx::array> weak_copies(const std::vector<mx::array>& arrays) {
+  std::vector<mx::array> copies;
+  copies.reserve(arrays.size());
+  for (const auto& a : arrays) copies.push_back(mx::array::unsafe_weak_copy(a));
+  return copies;
+}
+
 class QuantizedRows : public mx::UnaryPrimitive {
  public:
   QuantizedRows(mx::Stream stream, int bits, int group, bool int8)
@@ -329,9 +338,7 @@ class LayerBefore : public mx::Primitive {
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> in, out;
-    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
-    for (auto& a : outputs) out.push_back(mx::array::unsafe_weak_copy(a));
+    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
     encoder.dispatch([in = std::move(in), out = std::move(out), eps = eps_, heads = heads_,
                       kv = kv_, d = d_, dims = dims_, bits = bits_, group = group_,
                       int8 = int8_]() mutable {
@@ -410,8 +417,7 @@ class LayerAfter : public mx::UnaryPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
     output.set_data(mx::allocator::malloc(output.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> in;
-    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    std::vector<mx::array> in = weak_copies(inputs);
     encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output), eps = eps_,
                       k = kinds_, int8 = int8_]() mutable {
       const int H = static_cast<int>(in[0].shape(-1));
@@ -508,8 +514,7 @@ class KVWrite : public mx::UnaryPrimitive {
     } else {
       out.copy_shared_buffer(store);
     }
-    std::vector<mx::array> in;
-    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    std::vector<mx::array> in = weak_copies(inputs);
     encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(out), copied,
                       T = static_cast<int64_t>(tokens_)]() mutable {
       std::vector<char> scratch, nd, wd, pd;
@@ -637,9 +642,7 @@ class LayerStep : public mx::Primitive {
         store_copies++;
       }
     }
-    std::vector<mx::array> in, out;
-    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
-    for (auto& a : outputs) out.push_back(mx::array::unsafe_weak_copy(a));
+    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
     encoder.dispatch([in = std::move(in), out = std::move(out), copied = std::move(copied),
                       eps = eps_, post_eps = post_eps_, scale = scale_, heads = heads_,
                       kv = kv_, d = d_, dims = dims_, k = kinds_, int8 = int8_,
@@ -841,8 +844,7 @@ class EmbedRows : public mx::UnaryPrimitive {
     auto& encoder = mx::cpu::get_command_encoder(stream());
     for (const auto& input : inputs) encoder.set_input_array(input);
     encoder.set_output_array(out);
-    std::vector<mx::array> in;
-    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    std::vector<mx::array> in = weak_copies(inputs);
     encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(out), bits = bits_,
                       group = group_]() mutable {
       std::vector<char> id_d, w_d, s_d, b_d;
@@ -936,8 +938,7 @@ class HeadInto : public mx::UnaryPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
     output.set_data(mx::allocator::malloc(output.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> in;
-    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    std::vector<mx::array> in = weak_copies(inputs);
     encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output),
                       eps_e = eps_e_, eps_h = eps_h_, bits = bits_, group = group_,
                       int8 = int8_]() mutable {
@@ -1009,9 +1010,7 @@ class HeadOut : public mx::Primitive {
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> in, out;
-    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
-    for (auto& a : outputs) out.push_back(mx::array::unsafe_weak_copy(a));
+    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
     encoder.dispatch([in = std::move(in), out = std::move(out), eps = eps_, bits = bits_,
                       group = group_, int8 = int8_]() mutable {
       const int H = static_cast<int>(in[0].shape(-1));
@@ -1097,9 +1096,7 @@ class GreedyVerdict : public mx::Primitive {
     auto& encoder = mx::cpu::get_command_encoder(stream());
     for (const auto& input : inputs) encoder.set_input_array(input);
     for (auto& out : outputs) encoder.set_output_array(out);
-    std::vector<mx::array> in, out;
-    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
-    for (auto& a : outputs) out.push_back(mx::array::unsafe_weak_copy(a));
+    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
     encoder.dispatch([in = std::move(in), out = std::move(out)]() mutable {
       std::vector<char> ld, dd;
       const float* logits = static_cast<const float*>(dense(in[0], ld));
@@ -1163,8 +1160,7 @@ class GreedyDraft : public mx::UnaryPrimitive {
     auto& encoder = mx::cpu::get_command_encoder(stream());
     for (const auto& input : inputs) encoder.set_input_array(input);
     encoder.set_output_array(output);
-    std::vector<mx::array> in;
-    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
+    std::vector<mx::array> in = weak_copies(inputs);
     encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output)]() mutable {
       std::vector<char> ld, vd;
       const float* logits = static_cast<const float*>(dense(in[0], ld));
@@ -1207,9 +1203,7 @@ class VerdictCounts : public mx::Primitive {
     auto& encoder = mx::cpu::get_command_encoder(stream());
     for (const auto& input : inputs) encoder.set_input_array(input);
     for (auto& out : outputs) encoder.set_output_array(out);
-    std::vector<mx::array> in, out;
-    for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
-    for (auto& a : outputs) out.push_back(mx::array::unsafe_weak_copy(a));
+    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
     encoder.dispatch([in = std::move(in), out = std::move(out)]() mutable {
       std::vector<char> ad, td;
       const int32_t accepted = *static_cast<const int32_t*>(dense(in[0], ad));
