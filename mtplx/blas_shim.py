@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from mtplx.build_dirs import writable_build_dir
+from mtplx.build_dirs import build_target
 
 PREFIX = "scipy_"
 _SHIM_VERSION = 4  # bump when the generated source changes, to invalidate cached shims
@@ -169,10 +169,8 @@ def build_shim(symbols: tuple[str, ...], openblas: Path) -> tuple[Path, tuple[st
     Returns the library and the flags it was compiled with.
     """
     target, source, flags = shim_target(symbols, openblas)
-    if target.exists():
-        return target, flags
     # Built for this run only where MTPLX_HOME cannot be written (``mtplx.build_dirs``).
-    target = writable_build_dir(target.parent) / target.name
+    target = build_target(target)
     if target.exists():
         return target, flags
     compiler = find_compiler()

@@ -19,7 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["remove_stand_ins", "writable_build_dir"]
+__all__ = ["build_target", "remove_stand_ins", "writable_build_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,14 @@ def writable_build_dir(directory: Path) -> Path:
         stand_in,
     )
     return stand_in
+
+
+def build_target(target: Path) -> Path:
+    """Where the library ``target`` is (when already built) or is to be built: ``target``
+    itself, or the same name in this process's stand-in for its directory."""
+    if target.exists():
+        return target
+    return writable_build_dir(target.parent) / target.name
 
 
 def remove_stand_ins() -> None:

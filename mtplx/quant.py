@@ -45,7 +45,7 @@ from types import ModuleType
 import mlx.core as mx
 
 from mtplx.blas_shim import Unavailable, cpu_features
-from mtplx.build_dirs import writable_build_dir
+from mtplx.build_dirs import build_target
 
 logger = logging.getLogger(__name__)
 
@@ -209,10 +209,8 @@ def _target(variant: str) -> tuple[Path, dict[str, object]]:
 def build(variant: str) -> Path:
     """Compile the extension for ``variant`` once; reuse the cached library after."""
     target, where = _target(variant)
-    if target.exists():
-        return target
     # Built for this run only where MTPLX_HOME cannot be written (``mtplx.build_dirs``).
-    target = writable_build_dir(target.parent) / target.name
+    target = build_target(target)
     if target.exists():
         return target
     nb, mlx_root = Path(str(where["nb"])), Path(str(where["mlx"]))
@@ -278,9 +276,7 @@ def _nanobind_object(cxx: str, nb: Path, includes: list[str]) -> Path:
     key = hashlib.sha256(
         "\n".join([cxx, " ".join(flags), (nb / "__init__.py").read_text(), sys.version]).encode()
     ).hexdigest()[:16]
-    target = cache_dir() / f"nanobind-{key}.o"
-    if not target.exists():
-        target = writable_build_dir(target.parent) / target.name
+    target = build_target(cache_dir() / f"nanobind-{key}.o")
     if not target.exists():
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / "nb.o"
