@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from mtplx.build_dirs import build_target
+from mtplx.build_dirs import build_target, mtplx_home
 
 PREFIX = "scipy_"
 _SHIM_VERSION = 4  # bump when the generated source changes, to invalidate cached shims
@@ -84,8 +84,7 @@ def compile_flags(machine: str, features: frozenset[str]) -> tuple[tuple[str, ..
 
 
 def cache_dir() -> Path:
-    home = os.environ.get("MTPLX_HOME")
-    return (Path(home) if home else Path.home() / ".cache" / "mtplx") / "blas"
+    return mtplx_home() / "blas"
 
 
 def _invariant_enabled() -> bool:

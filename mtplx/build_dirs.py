@@ -1,30 +1,39 @@
-"""Where the kernels compiled on first use are written when ``$MTPLX_HOME`` cannot take them.
+"""``$MTPLX_HOME``, and where what is made on first use goes when it cannot take it.
 
-The BLAS shim (``mtplx.blas_shim``) and the quantized kernel (``mtplx.quant``) are built into
-``$MTPLX_HOME/blas`` and ``$MTPLX_HOME/quant`` and reused from there. Where that directory
-cannot be written (``MTPLX_HOME`` read only, or under a file) a library already there is
-still used; one that must be built goes into a private temporary directory of this process
-instead, removed at exit (``remove_stand_ins``), with one warning. Without it the process
-would run on the slow fallbacks (the reference BLAS, quantized weights dequantized to
-float32): every step, the start-up calibration's included, several times slower. The price
-is a build at every start.
+Everything MTPLX makes once and reuses lives under ``mtplx_home()``: the BLAS shim
+(``mtplx.blas_shim``) and the quantized kernel (``mtplx.quant``) in ``blas`` and ``quant``,
+the default model converted from its packaged GGUF in ``models``, start-up calibrations in
+``calibration``. Where a directory cannot be written (``MTPLX_HOME`` read only, or under a
+file) what is already there is still used; what must be made goes into a private temporary
+directory of this process instead, removed at exit (``remove_stand_ins``), with one warning.
+Without it the process would run on the slow fallbacks (the reference BLAS, quantized
+weights dequantized to float32: every step, the start-up calibration's included, several
+times slower) or, for the default model, not start at all. The price is the work again at
+every start.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import shutil
 import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["build_target", "remove_stand_ins", "writable_build_dir"]
+__all__ = ["build_target", "mtplx_home", "remove_stand_ins", "writable_build_dir"]
 
 logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _fallbacks: dict[Path, Path] = {}  # a cache directory that cannot be written -> its stand-in
+
+
+def mtplx_home() -> Path:
+    """``$MTPLX_HOME``, or ``~/.cache/mtplx`` when it is unset or empty."""
+    home = os.environ.get("MTPLX_HOME")
+    return Path(home) if home else Path.home() / ".cache" / "mtplx"
 
 
 def writable_build_dir(directory: Path) -> Path:
@@ -45,8 +54,8 @@ def writable_build_dir(directory: Path) -> Path:
             atexit.register(remove_stand_ins)
         _fallbacks[directory] = stand_in
     logger.warning(
-        "cannot write the build cache %s (%s): building into %s for this run only (make "
-        "MTPLX_HOME writable to build once)",
+        "cannot write %s (%s): making what goes there in %s, for this run only (make "
+        "MTPLX_HOME writable to make it once)",
         directory,
         reason,
         stand_in,

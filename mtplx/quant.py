@@ -45,7 +45,7 @@ from types import ModuleType
 import mlx.core as mx
 
 from mtplx.blas_shim import Unavailable, cpu_features
-from mtplx.build_dirs import build_target
+from mtplx.build_dirs import build_target, mtplx_home
 
 logger = logging.getLogger(__name__)
 
@@ -146,8 +146,7 @@ def kernel_variant(features: frozenset[str] | None = None, machine: str | None =
 
 
 def cache_dir() -> Path:
-    home = os.environ.get("MTPLX_HOME")
-    return (Path(home) if home else Path.home() / ".cache" / "mtplx") / "quant"
+    return mtplx_home() / "quant"
 
 
 def _nanobind() -> Path:

@@ -288,6 +288,32 @@ def test_ensure_default_model_converts_once(tiny, tmp_path: Path, monkeypatch) -
     assert conv.ensure_default_model("native") == path
 
 
+def test_default_model_converts_for_the_run_where_home_cannot_be_written(
+    tiny, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """MTPLX_HOME below a file: the default model is converted into this process's stand-in
+    directory (one warning, the same model directory name), and removed with it at exit."""
+    from mtplx import build_dirs
+
+    src, _, _ = tiny
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("MTPLX_HOME", str(blocker / "home"))
+    monkeypatch.delenv("MTPLX_WEIGHTS", raising=False)
+    monkeypatch.setattr(conv, "default_gguf_path", lambda: src)
+    monkeypatch.setattr(build_dirs, "_fallbacks", {})
+    with caplog.at_level("WARNING", logger="mtplx.build_dirs"):
+        path = conv.ensure_default_model()
+    assert path.name == "SmolLM2-135M-Instruct"
+    assert path != conv.default_model_dir()
+    assert "quantization" in json.loads((path / "config.json").read_text())
+    assert (path / "model.safetensors").is_file()
+    assert [r.name for r in caplog.records if r.name == "mtplx.build_dirs"] == ["mtplx.build_dirs"]
+    assert conv.ensure_default_model() == path  # asked again: the same conversion, kept
+    build_dirs.remove_stand_ins()
+    assert not path.exists()
+
+
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
 def test_gguf_blocks_repack_losslessly_and_serve_on_the_kernel(name: str) -> None:
     """Q4_0 / Q4_1 / Q8_0 repacked as MLX affine dequantize to the gguf package's own values,

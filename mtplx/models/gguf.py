@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from mtplx.build_dirs import mtplx_home, writable_build_dir
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -170,9 +172,7 @@ def default_model_dir(weights: str | None = None) -> Path:
     clients send, the same in both formats."""
     from mtplx.models.quantized import weights_format
 
-    home = os.environ.get("MTPLX_HOME")
-    root = Path(home) if home else Path.home() / ".cache" / "mtplx"
-    return root / "models" / (weights or weights_format()) / "SmolLM2-135M-Instruct"
+    return mtplx_home() / "models" / (weights or weights_format()) / "SmolLM2-135M-Instruct"
 
 
 def default_gguf_path() -> Path:
@@ -198,7 +198,11 @@ def ensure_default_model(weights: str | None = None) -> Path:
 
     weights = weights or weights_format()
     dst = default_model_dir(weights)
-    if not ((dst / "config.json").is_file() and (dst / "model.safetensors").is_file()):
+    if not _converted(dst):
+        # Where MTPLX_HOME cannot be written, the conversion goes into this process's
+        # stand-in directory (same model directory name: the id clients send).
+        dst = writable_build_dir(dst.parent) / dst.name
+    if not _converted(dst):
         logger.info("converting the default model into %s (first use)", dst)
         try:
             convert_gguf(default_gguf_path(), dst, dequantize=weights == "f32")
@@ -208,8 +212,20 @@ def ensure_default_model(weights: str | None = None) -> Path:
                 raise
     head = shipped_mtp_head()
     if head is not None:
-        install_mtp_head(dst, head)
+        try:
+            install_mtp_head(dst, head)
+        except OSError as exc:
+            logger.warning(
+                "cannot install the shipped MTP head into %s (%s): the model keeps the head it has",
+                dst,
+                exc.strerror or exc,
+            )
     return dst
+
+
+def _converted(model_dir: Path) -> bool:
+    """Whether ``model_dir`` holds a finished conversion (its config and weights)."""
+    return (model_dir / "config.json").is_file() and (model_dir / "model.safetensors").is_file()
 
 
 def shipped_mtp_head() -> Path | None:
