@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from mtplx import host_load
+from mtplx.build_dirs import mtplx_home
 from mtplx.drafters.ngram import NgramDrafter, find_continuation
 from mtplx.planner import StepCosts
 from mtplx.request import GenerationRequest
@@ -224,9 +225,7 @@ def _cache_path(engine: Engine) -> Path:
     """Where ``engine``'s calibration is cached: keyed by the checkpoint (path, size and
     time of its files), the machine, the BLAS and the engine's shape (the file's name ends
     with the key, ``_cache_key``)."""
-    home = os.environ.get("MTPLX_HOME")
-    root = Path(home) if home else Path.home() / ".cache" / "mtplx"
-    return root / "calibration" / f"{engine.model_name}-{_cache_key(engine)}.json"
+    return mtplx_home() / "calibration" / f"{engine.model_name}-{_cache_key(engine)}.json"
 
 
 def _cache_key(engine: Engine) -> str:
