@@ -93,7 +93,7 @@ class FusedHead(NamedTuple):
     # norm(x))
     out_at: Callable[[mx.array, mx.array], tuple[mx.array | None, mx.array]]
     block: Any  # the head's mlx-lm llama layer (its norms' weights, attention settings)
-    weights: fused_layer.LayerWeights  # the layer's weights as the one-node layer takes them
+    weights: fused_layer.PreparedLayer  # the layer's weights as the one-node layer takes them
     # Rows over lazy caches (a drafting cycle's) run the layer as one node
     # (``fused_layer.layer``) where True, as its five (halves, two writes, attention) where
     # False: the same C functions in the same order, so the same bits (``MTPLX_LAYER_NODE``,
@@ -172,8 +172,8 @@ def _fuse_head(module: NextNModule, index: int, trunk: Trunk) -> FusedHead | Non
     )
     layer_node = os.environ.get("MTPLX_LAYER_NODE", "1").strip().lower() not in ("0", "off", "no")
     return FusedHead(
-        fused.qkv, o_proj, fused.gate_up, down, angles, into, out, out_at, layer, weights,
-        layer_node,
+        fused.qkv, o_proj, fused.gate_up, down, angles, into, out, out_at, layer,
+        fused_layer.prepare(weights), layer_node,
     )  # fmt: skip
 
 
@@ -474,7 +474,7 @@ def _layer_node(
     ``_write_lazy``) and attending over them (as ``_attend_row``), the five nodes' C functions
     in their order, so their bits. The buffers are written in place where nothing else holds
     them, as the KV write's."""
-    w = parts.weights
+    w = parts.weights.weights
     stores = []
     groups = []
     start = 0
@@ -497,7 +497,7 @@ def _layer_node(
             )
         )
         start += size
-    out, written = fused_layer.layer(x, w, cos, sin, stores, groups)
+    out, written = fused_layer.layer(x, parts.weights, cos, sin, stores, groups)
     for size, cache, (keys, values) in zip(sizes, caches, written, strict=True):
         cache.keys, cache.values = keys, values
         cache.advance(size)
