@@ -332,7 +332,8 @@ def _offset_add() -> Callable[[mx.array, mx.array], mx.array]:
 @functools.lru_cache(maxsize=8)
 def _like(kv_heads: int, dim: int) -> mx.array:
     """[1, kv_heads, 1, dim] float32, evaluated: the shape and dtype of a token's keys, as a
-    cache's ``reserve`` reads them (a constant, where a fresh array is a node a step)."""
+    cache's ``reserve`` reads them (built once, where a fresh one costs every step's
+    graph building)."""
     like = mx.zeros((1, kv_heads, 1, dim), mx.float32)
     mx.eval(like)
     return like
