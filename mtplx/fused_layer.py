@@ -43,9 +43,11 @@ __all__ = [
     "exp",
     "greedy_draft",
     "greedy_verdict",
+    "group_args",
     "head_into",
     "head_out",
     "layer",
+    "prepare",
     "rms_norm",
     "store_copies",
     "swiglu",
@@ -188,36 +190,21 @@ class GroupWrite(NamedTuple):
     counts: mx.array
 
 
-def layer(
-    x: mx.array,
-    weights: LayerWeights,
-    cos: mx.array,
-    sin: mx.array,
-    stores: Sequence[tuple[mx.array, mx.array]],
-    groups: Sequence[GroupWrite],
-    int8: bool | None = None,
-) -> tuple[mx.array, list[tuple[mx.array, mx.array]]]:
-    """A whole layer, lazily, in one node: ``before``, then per group in order its keys and
-    values written (``write``) and its attention over its store (``mtplx.attention``), the
-    groups' results concatenated, then ``after`` -- the same C functions in the same order,
-    so the five nodes' bits. x [..., N, H] (the groups' segments cover the N tokens in
-    order), stores: (keys, values) of each distinct store the groups write -> (the layer's
-    output [..., N, H], each store after the writes). A store is written in place where
-    nothing else holds it, as ``write``'s."""
+class PreparedLayer(NamedTuple):
+    """A layer's weights with ``layer``'s arguments built from them once (``prepare``): a
+    trunk step calls ``layer`` once a layer, and unpacking the weights every call is a few
+    microseconds of the engine thread each."""
+
+    weights: LayerWeights
+    before: tuple[object, ...]  # the kernel call's arguments between x and cos
+    after: tuple[object, ...]  # those between sin and the activations mode
+
+
+def prepare(weights: LayerWeights) -> PreparedLayer:
+    """``weights`` with ``layer``'s arguments built (see ``PreparedLayer``)."""
     w = weights
-    arrays: list[mx.array] = []
-    meta: list[int] = []
-    for group in groups:
-        arrays += [group.write_at, group.to_padded, group.slots, group.counts]
-        meta += [group.store, group.start, group.end, int(group.tokens)]
-    out = load_extension().layer_step(
-        x,
-        w.input_norm,
-        *w.qkv.arrays,
-        w.qkv.bits,
-        w.qkv.group_size,
-        cos,
-        sin,
+    before = (w.input_norm, *w.qkv.arrays, w.qkv.bits, w.qkv.group_size)
+    after = (
         w.heads,
         w.kv_heads,
         w.head_dim,
@@ -235,10 +222,57 @@ def layer(
         w.down.bits,
         w.down.group_size,
         float(w.post_eps),
+    )
+    return PreparedLayer(w, before, after)
+
+
+class GroupArgs(NamedTuple):
+    """A forward's groups as ``layer`` hands them to the kernel (``group_args``): the same
+    for every layer of the forward, so built once for all of them."""
+
+    arrays: list[mx.array]  # each group's write_at, to_padded, slots, counts
+    meta: list[int]  # each group's store, start, end, tokens
+
+
+def group_args(groups: Sequence[GroupWrite]) -> GroupArgs:
+    """``groups`` as ``layer`` hands them to the kernel (see ``GroupArgs``)."""
+    arrays: list[mx.array] = []
+    meta: list[int] = []
+    for group in groups:
+        arrays += [group.write_at, group.to_padded, group.slots, group.counts]
+        meta += [group.store, group.start, group.end, int(group.tokens)]
+    return GroupArgs(arrays, meta)
+
+
+def layer(
+    x: mx.array,
+    weights: LayerWeights | PreparedLayer,
+    cos: mx.array,
+    sin: mx.array,
+    stores: Sequence[tuple[mx.array, mx.array]],
+    groups: Sequence[GroupWrite] | GroupArgs,
+    int8: bool | None = None,
+) -> tuple[mx.array, list[tuple[mx.array, mx.array]]]:
+    """A whole layer, lazily, in one node: ``before``, then per group in order its keys and
+    values written (``write``) and its attention over its store (``mtplx.attention``), the
+    groups' results concatenated, then ``after`` -- the same C functions in the same order,
+    so the five nodes' bits. x [..., N, H] (the groups' segments cover the N tokens in
+    order), stores: (keys, values) of each distinct store the groups write -> (the layer's
+    output [..., N, H], each store after the writes). A store is written in place where
+    nothing else holds it, as ``write``'s. ``weights`` and ``groups`` may come prepared
+    (``prepare``, ``group_args``), as a forward over many layers passes them."""
+    prepared = weights if isinstance(weights, PreparedLayer) else prepare(weights)
+    args = groups if isinstance(groups, GroupArgs) else group_args(groups)
+    out = load_extension().layer_step(
+        x,
+        *prepared.before,
+        cos,
+        sin,
+        *prepared.after,
         _int8_rows(int8),
         [a for pair in stores for a in pair],
-        arrays,
-        meta,
+        args.arrays,
+        args.meta,
     )
     return out[0], [(out[1 + 2 * s], out[2 + 2 * s]) for s in range(len(stores))]
 

@@ -6,8 +6,9 @@ to the step's one batched target forward; the exact rule of ``mtplx.sampling`` a
 prefix and emits the recovered or bonus token, and the row is rolled back past the rejected
 drafts. The engine calls, per step: ``propose_rows`` (``mtplx.proposing``, before the forward;
 the rows whose drafters share a ``batch_key`` propose together, e.g. one MTP head forward a
-depth for all of them), ``verify_rows`` (after it, lazily; the greedy rows' rule once over their
-flattened positions), then ``commit`` per row once the step's results are evaluated.
+depth for all of them), ``verify_rows`` (after it, lazily; a greedy row's verdict one kernel
+node, or without the kernel the greedy rows' rule once over their flattened positions), then
+``commit`` per row once the step's results are evaluated.
 
 Plain cycles run one step ahead, as mlx-lm's generate loop does: the forward of the token
 being committed is queued (``queue_plain``: the next token's draw from it stays lazy) before
@@ -223,11 +224,16 @@ def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.arra
 def verify_rows(
     rows: list[tuple[Sequence, Draft, RowOutput]],
 ) -> list[tuple[mx.array, mx.array]]:
-    """``verify`` for many rows: those whose rule is a plain argmax (greedy, no penalties,
-    bias or grammar) once over their flattened positions, one argmax over every such row's
-    k+1 logits and the accept counts of all from the padded [rows, max k + 1] table of its
-    ids; the others row by row. The argmax of a position does not depend on the other
-    positions, so each verdict is bitwise ``verify``'s."""
+    """``verify`` for many rows. Where the greedy verdict's kernel serves, row by row: a
+    plain-argmax row's verdict is then one node (``fused_layer.greedy_verdict``), where
+    taking the rows together with MLX's ops is ~15 nodes and two slices a row. Elsewhere
+    the rows whose rule is a plain argmax (greedy, no penalties, bias or grammar) once over
+    their flattened positions, one argmax over every such row's k+1 logits and the accept
+    counts of all from the padded [rows, max k + 1] table of its ids; the others row by
+    row. The argmax of a position does not depend on the other positions, so each verdict
+    is bitwise ``verify``'s."""
+    if fused_layer.available():
+        return [verify(*row) for row in rows]
     verdicts: list[tuple[mx.array, mx.array] | None] = [None] * len(rows)
     flat = [
         i

@@ -3,9 +3,12 @@ output distribution at temperature > 0 equals plain decoding's, enumerated exact
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
+import re
 import types
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -14,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from mtplx import fused_layer
 from mtplx.cycle import Draft
 from mtplx.drafters import DraftModelDrafter, DraftSampler, MTPDrafter, NgramDrafter
 from mtplx.drafters.base import CommitsEagerly, OneSource, ProposesAlone
@@ -426,10 +430,17 @@ def test_plain_rows_drawn_together_equal_each_row_drawn_alone() -> None:
             assert ahead.logits is output.logits and ahead.hidden is output.hidden
 
 
-def test_verify_rows_gives_each_row_its_own_verdict() -> None:
-    """Rows of depths 0..5 (greedy ones verified together over their flattened positions,
-    sampled and biased ones alone), logits with ties and drafts that match for a while:
-    every row's accept count and output tokens equal ``verify`` on the row alone."""
+@pytest.mark.parametrize("kernel", [True, False], ids=["verdict-node", "mlx-ops"])
+def test_verify_rows_gives_each_row_its_own_verdict(
+    kernel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of depths 0..5 (greedy ones a verdict node each, or without the kernel
+    verified together over their flattened positions; sampled and biased ones alone),
+    logits with ties and drafts that match for a while: every row's accept count and output
+    tokens equal ``verify`` on the row alone."""
+    assert fused_layer.available()
+    if not kernel:
+        monkeypatch.setattr(fused_layer, "available", lambda: False)
     rng = np.random.default_rng(7)
     vocab = 50
     configs = [
@@ -458,3 +469,22 @@ def test_verify_rows_gives_each_row_its_own_verdict() -> None:
         assert accepted.tolist() == want_accepted.tolist(), index
         assert output.tolist() == want_output.tolist(), index
     assert sum(int(a.item()) for a, _ in got) > 0  # some drafts were accepted
+
+
+def test_greedy_rows_are_a_verdict_node_each(tmp_path: Path) -> None:
+    """Four greedy rows of depths 1..4 verified together: one ``MTPLXGreedyVerdict`` node a
+    row and nothing else (the rows' logits and drafts are evaluated), where MLX's ops over
+    the rows together are an argmax, gathers, a cumulative product and slices."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for k in range(1, 5):
+        logits = mx.array(rng.normal(size=(k + 1, 50)).astype(np.float32))
+        tokens = mx.array(rng.integers(0, 50, size=k), mx.int32)
+        sequence = types.SimpleNamespace(config=GREEDY, token_counts=None, grammar=None)
+        draft = Draft(tokens, [], mx.zeros((2 * k + 1,)), k, 0.0)
+        rows.append((sequence, draft, RowOutput(logits, mx.zeros((k + 1, 4)))))
+    verdicts = verify_rows(rows)  # type: ignore[arg-type]
+    path = tmp_path / "verdicts.dot"
+    mx.export_to_dot(str(path), *[a for verdict in verdicts for a in verdict])
+    nodes = collections.Counter(re.findall(r'label ="(\w+)"', path.read_text()))
+    assert nodes == {"MTPLXGreedyVerdict": 4}, nodes

@@ -9,7 +9,9 @@ node costs dispatch on the engine thread. Where the head is served quantized on 
 - its layer's halves on the fused kernels (``mtplx.fused_layer``: ``before`` = input norm,
   fused q/k/v, RoPE; ``after`` = o_proj, residual, norm, fused gate/up, SwiGLU, down,
   residual), with the trunk's own stacking of q/k/v and gate/up and its hoisted RoPE
-  angles;
+  angles; over lazy caches (a drafting cycle's) the whole layer, its KV writes and
+  attention included, is one node (``fused_layer.layer``, the trunk's layer node: the same
+  C functions in the same order, so the same bits);
 - its attention over its own cache on the fused attention kernel (``mtplx.attention``),
   the cache's buffers read as a store of one slot: a handful of nodes instead of mlx-lm's
   mask and ~20 attention ops. The kernel's vectorised ``exp`` gives other bits than MLX's,
@@ -31,6 +33,7 @@ outside ``mtp_nextn`` so that the model loader's modules do not import the kerne
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -90,6 +93,12 @@ class FusedHead(NamedTuple):
     # norm(x))
     out_at: Callable[[mx.array, mx.array], tuple[mx.array | None, mx.array]]
     block: Any  # the head's mlx-lm llama layer (its norms' weights, attention settings)
+    weights: fused_layer.PreparedLayer  # the layer's weights as the one-node layer takes them
+    # Rows over lazy caches (a drafting cycle's) run the layer as one node
+    # (``fused_layer.layer``) where True, as its five (halves, two writes, attention) where
+    # False: the same C functions in the same order, so the same bits (``MTPLX_LAYER_NODE``,
+    # as the trunk's layers).
+    layer_node: bool = True
 
     def layer(self, x: mx.array, sizes: list[int], caches: list[list[Any]]) -> mx.array:
         """The layer over packed rows x [1, N, H] -> [1, N, H] (``_fused_rows``)."""
@@ -145,7 +154,27 @@ def _fuse_head(module: NextNModule, index: int, trunk: Trunk) -> FusedHead | Non
         return None
     into, out, out_at = _compiled_ends(module, trunk)
     angles = RopeAngles(compiled.rope_tables)
-    return FusedHead(fused.qkv, o_proj, fused.gate_up, down, angles, into, out, out_at, layer)
+    norm, post = layer.input_layernorm, layer.post_attention_layernorm
+    weights = fused_layer.LayerWeights(
+        norm.weight,
+        fused.qkv,
+        attn.n_heads,
+        attn.n_kv_heads,
+        attn.head_dim,
+        attn.rope.dims,
+        float(norm.eps),
+        float(attn.scale),
+        o_proj,
+        post.weight,
+        fused.gate_up,
+        down,
+        float(post.eps),
+    )
+    layer_node = os.environ.get("MTPLX_LAYER_NODE", "1").strip().lower() not in ("0", "off", "no")
+    return FusedHead(
+        fused.qkv, o_proj, fused.gate_up, down, angles, into, out, out_at, layer,
+        fused_layer.prepare(weights), layer_node,
+    )  # fmt: skip
 
 
 def _compiled_ends(
@@ -300,6 +329,16 @@ def _offset_add() -> Callable[[mx.array, mx.array], mx.array]:
     return mx.compile(lambda offset, rows: offset + rows)
 
 
+@functools.lru_cache(maxsize=8)
+def _like(kv_heads: int, dim: int) -> mx.array:
+    """[1, kv_heads, 1, dim] float32, evaluated: the shape and dtype of a token's keys, as a
+    cache's ``reserve`` reads them (built once, where a fresh one costs every step's
+    graph building)."""
+    like = mx.zeros((1, kv_heads, 1, dim), mx.float32)
+    mx.eval(like)
+    return like
+
+
 @functools.lru_cache(maxsize=64)
 def _zeros(size: int) -> mx.array:
     """[size] int32 zeros, evaluated: every token's slot in a one-slot store (a constant of
@@ -387,6 +426,8 @@ def _fused_rows(
         at = [_positions(cache[0], size) for size, cache in zip(sizes, caches, strict=True)]
         cos, sin = parts.angles.at(mx.concatenate(at) if len(at) > 1 else at[0], bound)
         counts = [row + 1 for row in at]
+    if parts.layer_node and all(isinstance(cache[0], LazyKVCache) for cache in caches):
+        return _layer_node(parts, x, sizes, [cache[0] for cache in caches], cos, sin, counts)
     queries, keys, values = fused_layer.before(
         x,
         norm.weight,
@@ -418,3 +459,47 @@ def _fused_rows(
         parts.down,
         post.eps,
     )
+
+
+def _layer_node(
+    parts: FusedHead,
+    x: mx.array,
+    sizes: list[int],
+    caches: list[LazyKVCache],
+    cos: mx.array,
+    sin: mx.array,
+    counts: list[mx.array],
+) -> mx.array:
+    """``_fused_rows`` over lazy caches in one node (``fused_layer.layer``): each row a group
+    writing its own cache's buffers (a store of one slot, at the cache's lazy offset, as
+    ``_write_lazy``) and attending over them (as ``_attend_row``), the five nodes' C functions
+    in their order, so their bits. The buffers are written in place where nothing else holds
+    them, as the KV write's."""
+    w = parts.weights.weights
+    stores = []
+    groups = []
+    start = 0
+    for index, (size, cache, count) in enumerate(zip(sizes, caches, counts, strict=True)):
+        like = _like(w.kv_heads, w.head_dim)
+        capacity = cache.reserve(size, like, like)
+        assert cache.keys is not None and cache.values is not None
+        stores.append((cache.keys, cache.values))
+        write_at = _offset_add()(cache.offset, _store_rows(w.kv_heads, capacity, size))
+        groups.append(
+            fused_layer.GroupWrite(
+                index,
+                start,
+                start + size,
+                write_at,
+                _arange(size, start),  # the row's tokens among every row's packed ones
+                size,
+                _zeros(size),
+                count,
+            )
+        )
+        start += size
+    out, written = fused_layer.layer(x, parts.weights, cos, sin, stores, groups)
+    for size, cache, (keys, values) in zip(sizes, caches, written, strict=True):
+        cache.keys, cache.values = keys, values
+        cache.advance(size)
+    return out

@@ -53,6 +53,7 @@ class SlotLayers:
     layer_node: bool = True
     _fused: list[FusedProjections | None]  # per layer
     _fused_args: list[fused_layer.LayerWeights] | None = None  # per layer, once the fused plan runs
+    _prepared: list[fused_layer.PreparedLayer] | None = None  # the same, for the layer node
     _compiled: CompiledLayer | None  # the compiled pieces, where they describe the layers
     _query_block: int  # the most queries per head in one product of the MLX-op attention
 
@@ -251,10 +252,13 @@ class SlotLayers:
                     group.counts,
                 )
             )
-        for index, weights in enumerate(self._fused_layer_args()):
+        if self._prepared is None:
+            self._prepared = [fused_layer.prepare(w) for w in self._fused_layer_args()]
+        args = fused_layer.group_args(writes)
+        for index, weights in enumerate(self._prepared):
             layers = [owner.layers[index] for owner in owners]
             x, written = fused_layer.layer(
-                x, weights, cos, sin, [(s.keys, s.values) for s in layers], writes, int8=int8
+                x, weights, cos, sin, [(s.keys, s.values) for s in layers], args, int8=int8
             )
             for store, (keys, values) in zip(layers, written, strict=True):
                 store.keys, store.values = keys, values

@@ -125,11 +125,12 @@ def build_group(
     write_to = _write_positions(starts, store_first, kv_heads, store.capacity, max_tokens)
     offsets = mx.array(lengths, mx.int32)
     known: list[int] | None = lengths  # the offsets as integers, where no trim is lazy
+    known_shift: mx.array | None = None  # a lazy shift the known offsets still come down by
     slot_rows = [fed.get(slot) for slot in range(first, last + 1)]
     if num_slots == 1 and (shift := rows[0].shift()) is not None:
         # One row with lazy trims (a drafting cycle alone): both come down, a node each.
         offsets, write_to = _shift_down()(offsets, write_to, shift)
-        known = None
+        known_shift = shift
     elif any(row is not None and row.unsettled for row in slot_rows):
         # Rows with lazy trims: their offsets and write positions come down by them.
         shifts = mx.stack([shift_or_zero(row) for row in slot_rows])  # [R]
@@ -142,7 +143,9 @@ def build_group(
     token_slots: mx.array | None = None
     counts_seen: mx.array | None = None
     if kernel:
-        token_slots, counts_seen = _kernel_inputs(rows, counts, first, store_first, offsets, known)
+        token_slots, counts_seen = _kernel_inputs(
+            rows, counts, first, store_first, offsets, known, known_shift
+        )
     dense = len(to_padded) == position - start and to_padded == list(range(start, position))
     return SlotGroup(
         first_slot=first,
@@ -251,18 +254,20 @@ def _kernel_inputs(
     store_first: int,
     offsets: mx.array,
     known: list[int] | None,
+    shift: mx.array | None = None,
 ) -> tuple[mx.array, mx.array]:
     """The fused attention kernel's per packed token inputs: its slot in the store, and the
     keys it sees (its row's offset, lazy trims included, + its index in the row's tokens
     + 1); both [tokens] int32. ``known``: the offsets as integers where no trim is lazy (the
-    counts are then a constant, not three graph nodes every step)."""
+    counts are then a constant, not three graph nodes every step), or before ``shift`` ([]
+    int32, lazy: one row's trims) comes off them (then one node, the constant minus the
+    shift: integers, so the values of the offsets' gather plus the steps)."""
     window = [row.slot - first for row, c in zip(rows, counts, strict=True) for _ in range(c)]
     steps = [t + 1 for c in counts for t in range(c)]
     token_slots = mx.array([store_first + r for r in window], mx.int32)
     if known is not None:
-        return token_slots, mx.array(
-            [known[r] + s for r, s in zip(window, steps, strict=True)], mx.int32
-        )
+        seen = mx.array([known[r] + s for r, s in zip(window, steps, strict=True)], mx.int32)
+        return token_slots, seen if shift is None else _minus()(seen, shift)
     return token_slots, offsets[mx.array(window, mx.int32)] + mx.array(steps, mx.int32)
 
 

@@ -8,7 +8,9 @@ output is bitwise what mlx-lm's layer gives with the same attention kernel in pl
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +179,51 @@ def test_packed_rows_are_bitwise_mlx_lm_layer(model: LoadedModel) -> None:
 
 
 @pytest.mark.parametrize("num_rows", [1, NUM_ROWS])
+def test_the_layer_node_is_bitwise_the_five_nodes(model: LoadedModel, num_rows: int) -> None:
+    """Rows over lazy caches (a drafting cycle's), fed prompt-sized and decode-sized pairs,
+    packed, with a lazy trim between feeds and the caches' growth past a capacity step: the
+    layer as one node gives the five nodes' logits, hidden states, keys and values, bit
+    for bit."""
+    head = _head(model)
+
+    def feeds(on: bool) -> tuple[list[Any], list[list[LazyKVCache]]]:
+        caches = [[LazyKVCache()] for _ in range(num_rows)]
+        out = []
+        with _layer_node(head, on):
+            for feed in range(4):
+                sizes = [1 + (row + feed) % 4 for row in range(num_rows)]
+                if feed == 0:
+                    sizes = [5 + 17 * row for row in range(num_rows)]
+                if feed == 2:
+                    sizes = [250 + row for row in range(num_rows)]  # past the capacity step
+                hidden = [_hidden(model, row, n, feed) for row, n in enumerate(sizes)]
+                tokens = [
+                    mx.array([_tokens(row, n, feed)], mx.int32) for row, n in enumerate(sizes)
+                ]
+                got = head.forward_rows(hidden, tokens, caches)
+                mx.eval(got, [c[0].keys for c in caches], [c[0].values for c in caches])
+                out.append(got)
+                for row, cache in enumerate(caches):
+                    cache[0].trim_lazily(mx.array(row % 2 + 1, mx.int32))
+        return out, caches
+
+    want, want_caches = feeds(False)
+    got, got_caches = feeds(True)
+    for want_feed, got_feed in zip(want, got, strict=True):
+        for row, ((want_logits, want_hidden), (logits, hidden)) in enumerate(
+            zip(want_feed, got_feed, strict=True)
+        ):
+            np.testing.assert_array_equal(_bits(logits), _bits(want_logits), str(row))
+            np.testing.assert_array_equal(_bits(hidden), _bits(want_hidden), str(row))
+    for row, (a, b) in enumerate(zip(want_caches, got_caches, strict=True)):
+        assert int(a[0].offset) == int(b[0].offset) and a[0].bound == b[0].bound
+        assert a[0].keys is not None and b[0].keys is not None
+        assert a[0].values is not None and b[0].values is not None
+        np.testing.assert_array_equal(_bits(b[0].keys), _bits(a[0].keys), str(row))
+        np.testing.assert_array_equal(_bits(b[0].values), _bits(a[0].values), str(row))
+
+
+@pytest.mark.parametrize("num_rows", [1, NUM_ROWS])
 def test_logits_at_a_position_are_that_positions_bits(model: LoadedModel, num_rows: int) -> None:
     """``forward_rows`` asked for one position a row (lazy indices) projects those alone:
     each row's logits are bitwise that position's among all its positions' logits, its
@@ -216,11 +263,14 @@ def _drafters(model: LoadedModel) -> list[MTPDrafter]:
     return drafters
 
 
+@pytest.mark.parametrize("layer_node", [True, False], ids=["layer-node", "five-nodes"])
 @pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
-def test_depth_three_chains_are_bitwise_mlx_lm_layer(model: LoadedModel, seeded: bool) -> None:
+def test_depth_three_chains_are_bitwise_mlx_lm_layer(
+    model: LoadedModel, seeded: bool, layer_node: bool
+) -> None:
     """Three cycles of depth-3 drafts (the head recursing on its own output twice a cycle;
     the second cycle's pairs committed lazily, then settled), four rows proposing together:
-    every draft token and q equals the unfused head's."""
+    every draft token and q equals the unfused head's, the fused layer one node or five."""
     head = _head(model)
     config = (
         SamplerConfig(temperature=0.8, top_p=0.95, seed=1)
@@ -261,11 +311,26 @@ def test_depth_three_chains_are_bitwise_mlx_lm_layer(model: LoadedModel, seeded:
                 drafter.commit(_tokens(row, 2, cycle), _hidden(model, row, 2, 10 + cycle))
         return out
 
-    for (want_tokens, want_qs), (tokens, qs) in zip(cycles(False), cycles(True), strict=True):
+    want_cycles = cycles(False)
+    with _layer_node(head, layer_node):
+        got_cycles = cycles(True)
+    for (want_tokens, want_qs), (tokens, qs) in zip(want_cycles, got_cycles, strict=True):
         assert len(tokens) == len(want_tokens) == 3
         np.testing.assert_array_equal(np.array(mx.stack(tokens)), np.array(mx.stack(want_tokens)))
         for q, want in zip(qs, want_qs, strict=True):
             np.testing.assert_array_equal(_bits(q), _bits(want))
+
+
+@contextlib.contextmanager
+def _layer_node(head: NextNHead, on: bool) -> Iterator[None]:
+    """The fused head's layer over lazy caches as one node (``on``) or as its five."""
+    parts = head.fused_parts()
+    assert parts is not None and parts.layer_node
+    head.fused = parts._replace(layer_node=on)
+    try:
+        yield
+    finally:
+        head.fused = parts
 
 
 def _nodes(head: NextNHead, fused: bool, path: Path) -> collections.Counter[str]:
@@ -286,13 +351,21 @@ def _hidden_like(head: NextNHead, count: int, salt: int) -> mx.array:
 
 
 def test_a_fused_step_is_a_fraction_of_the_nodes(model: LoadedModel, tmp_path: Path) -> None:
-    """The fused step's layer is one ``before`` and one ``after`` node (no separate product
-    or norm of the layer left), and the whole step builds under half of mlx-lm's nodes."""
+    """The fused step's layer over its lazy cache is one node (no separate product, norm,
+    KV write or attention of the layer left; five without the layer node), and the whole
+    step builds under half of mlx-lm's nodes."""
     head = _head(model)
     fused = _nodes(head, True, tmp_path / "fused.dot")
     unfused = _nodes(head, False, tmp_path / "unfused.dot")
-    assert fused["MTPLXLayerBefore"] == fused["MTPLXLayerAfter"] == 1
-    assert unfused["MTPLXLayerBefore"] == unfused["MTPLXLayerAfter"] == 0
+    with _layer_node(head, False):
+        five = _nodes(head, True, tmp_path / "five.dot")
+    layer = ("MTPLXLayer", "MTPLXLayerBefore", "MTPLXKVWrite", "MTPLXStoreAttention")
+    assert [fused[name] for name in layer] == [1, 0, 0, 0]
+    assert [five[name] for name in layer] == [0, 1, 2, 1]
+    assert fused["MTPLXLayerAfter"] == unfused["MTPLXLayerAfter"] == 0
+    assert five["MTPLXLayerAfter"] == 1
+    assert sum(five.values()) - sum(fused.values()) == 4
+    assert unfused["MTPLXLayer"] == unfused["MTPLXLayerBefore"] == 0
     # The layer's seven products and two norms are inside them, fc and the two norms before
     # it in one input node: the LM head over every row and its norm are left.
     assert fused["MTPLXHeadInto"] == 1

@@ -127,7 +127,8 @@ def _nodes(*arrays: mx.array) -> int:
 def test_one_lazily_trimmed_row_comes_down_in_few_nodes() -> None:
     """A drafting cycle's row alone (2 verify tokens, its last verdict's trim still
     computing): its offset, write positions, key counts and RoPE positions are those of the
-    row shorter by the trim, in one graph node each (no repeat or stack of the shift)."""
+    row shorter by the trim, in one graph node each (no repeat or stack of the shift, no
+    gather of the offset for the counts)."""
     store = _store(3)
     shift = mx.array(1, mx.int32)
     mx.eval(shift)
@@ -138,6 +139,7 @@ def test_one_lazily_trimmed_row_comes_down_in_few_nodes() -> None:
     assert group.counts is not None and group.counts.tolist() == [9, 10]
     fresh = build_group([trimmed], [2], 0, store, 0, KV_HEADS, kernel=True, visible_up_to=0)
     assert _nodes(fresh.offsets, fresh.write_at) == 2  # a subtraction each
+    assert fresh.counts is not None and _nodes(fresh.counts) == 1  # its constant minus the shift
     positions = shifted_positions([trimmed], [2])
     assert positions.tolist() == [8, 9]
     assert _nodes(shifted_positions([trimmed], [2])) == 1  # the subtraction alone
