@@ -39,6 +39,7 @@ int mtplx_qmm_int8(const float* x, int M, int K, const uint32_t* w, const void* 
 void mtplx_qmm_set_threads(int threads);
 int mtplx_qmm_threads(void);
 unsigned long mtplx_qmm_split_calls(void);
+void mtplx_qmm_set_many_rows_tiles(int on);
 int mtplx_qmm_fused(void);
 int mtplx_qmm_lanes(void);
 int mtplx_attend(const float* q, const float* keys, const float* values, const int32_t* slot,
@@ -1276,6 +1277,8 @@ NB_MODULE(_mtplx_quant, m) {
   m.def("set_threads", [](int t) { mtplx_qmm_set_threads(t); }, nb::arg("threads"));
   m.def("threads", []() { return mtplx_qmm_threads(); });
   m.def("split_calls", []() { return mtplx_qmm_split_calls(); });
+  m.def("set_many_rows_tiles", [](bool on) { mtplx_qmm_set_many_rows_tiles(on ? 1 : 0); },
+        nb::arg("on"), "Whether int8 products of many rows take their own tiles (the same bits).");
   m.def("fused", []() { return mtplx_qmm_fused() != 0; });
   m.def("lanes", []() { return mtplx_qmm_lanes(); });
   m.def("attend", &attend, nb::arg("q"), nb::arg("keys"), nb::arg("values"), nb::arg("slot"),

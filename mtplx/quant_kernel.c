@@ -792,6 +792,10 @@ static __thread kept_t kept_steps; /* quantize_rows's per-group steps */
 static void quantize_rows(const float *x, int M, int K, int group, int bits, int KP, int T,
                           int NB, int GB, int8_t *x8, float *dx, float *xs) {
     const int G = K / group, E = TERM(bits), per = E / 16, upg = group * bits / 128;
+    /* group and upg are powers of two (mtplx_qmm_int8 takes groups of 32, 64, 128): the
+     * lanes' group indices below by shifts, not a division each (of nonnegative ints: the
+     * same quotients) */
+    const int group_shift = __builtin_ctz((unsigned)group), upg_shift = __builtin_ctz((unsigned)upg);
     /* Elements in unit blocks, stored in the transposed order (I8_TRANSPOSED). */
     const long blocked = I8_TRANSPOSED ? (long)NB * 256 : 0;
     float *d = kept_scratch(&kept_steps, sizeof(float) * (size_t)G);
@@ -833,20 +837,24 @@ static void quantize_rows(const float *x, int M, int K, int group, int bits, int
                 /* x / d rounded to the nearest integer, ties to even (rintf in the default
                  * rounding mode), clamped: IEEE operations, the scalar's bits. */
                 const __m512 dv = _mm512_set1_ps(dg), top = _mm512_set1_ps(127.0f);
+                __m512i sums = _mm512_setzero_si512();
                 for (int i = 0; i < group; i += 16) {
                     __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(xg + i), dv),
                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
                     v = _mm512_max_ps(_mm512_min_ps(v, top), _mm512_set1_ps(-127.0f));
-                    _mm512_storeu_si512(qs + i, _mm512_cvtps_epi32(v));
+                    const __m512i qi = _mm512_cvtps_epi32(v);
+                    _mm512_storeu_si512(qs + i, qi);
+                    sums = _mm512_add_epi32(sums, qi);
                 }
+                sum = _mm512_reduce_add_epi32(sums); /* integers: exact in any order */
 #else
                 for (int i = 0; i < group; i++) {
                     float v = __builtin_rintf(xg[i] / dg);
                     v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
                     qs[i] = (int)v;
+                    sum += qs[i];
                 }
 #endif
-                for (int i = 0; i < group; i++) sum += qs[i];
                 const long k0 = (long)g * group;
                 if (k0 < blocked) {
                     /* 8-bit, a group in one unit block (upg divides 16): unit u's elements
@@ -866,10 +874,26 @@ static void quantize_rows(const float *x, int M, int K, int group, int bits, int
                     /* The group lies in one XCHUNK: its even elements go to consecutive
                      * places from x8_position(k0), its odd ones from XCHUNK / 2 further. */
                     int8_t *even = out + x8_position(k0), *odd = even + XCHUNK / 2;
+#if defined(__AVX512F__)
+                    /* 32 elements at a time: the even ones gathered, then the odd ones,
+                     * each narrowed to bytes (exact: |q| <= 127). */
+                    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18,
+                                                            20, 22, 24, 26, 28, 30);
+                    const __m512i odds = _mm512_add_epi32(evens, _mm512_set1_epi32(1));
+                    for (int i = 0; i < group; i += 32) {
+                        const __m512i lo = _mm512_loadu_si512(qs + i);
+                        const __m512i hi = _mm512_loadu_si512(qs + i + 16);
+                        _mm_storeu_si128((__m128i *)(even + i / 2),
+                                         _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(lo, evens, hi)));
+                        _mm_storeu_si128((__m128i *)(odd + i / 2),
+                                         _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(lo, odds, hi)));
+                    }
+#else
                     for (int j = 0; j < group / 2; j++) {
                         even[j] = (int8_t)qs[2 * j];
                         odd[j] = (int8_t)qs[2 * j + 1];
                     }
+#endif
                     stored = 1;
                 }
 #endif
@@ -887,8 +911,8 @@ static void quantize_rows(const float *x, int M, int K, int group, int bits, int
             for (int l = 0; l < 16; l++) {
                 /* unit block t / 4: its lanes' steps at term 4 c's place (the block's other
                  * terms' places unused); a term's after the blocks */
-                const int g = t < 4 * NB ? (t % 4 ? G : (4 * t + block_unit(l)) / upg)
-                                         : (t * E + l * per) / group;
+                const int g = t < 4 * NB ? (t % 4 ? G : (4 * t + block_unit(l)) >> upg_shift)
+                                         : (t * E + l * per) >> group_shift;
                 dx[((long)m * T + t) * 16 + l] = g < G ? d[g] : 0.0f;
             }
     }
@@ -1153,6 +1177,23 @@ static inline __attribute__((always_inline)) v16f bias_lanes(const void *row, in
 #define I8_FAR_BYTES (2L << 20)
 #endif
 #define I8_MAXC (I8_COLS_1 > I8_COLS ? I8_COLS_1 : I8_COLS)
+/* A prompt chunk's rows (more than I8_ROWS): tiles of I8_ROWS rows x I8_MANY_COLS columns.
+ * With 3 columns the 6-row tile's 18 accumulators, 6 weight and 3 scale vectors leave too
+ * few of the 32 registers for the rows' steps and products, and the compiler spills them
+ * (a store and a reload per row and column); 2 columns fit, and measured ~10% faster at
+ * 384 rows (benchmarks/results/2026-12-03-prefill-products). A tile's shape changes no bit:
+ * each element's arithmetic is the same in any tile. Few-row products (decode, a verify)
+ * keep the I8_COLS tiles, which load each row's x8 for one more column. */
+#if defined(__AVX512F__)
+#define I8_MANY_COLS 2
+#else
+#define I8_MANY_COLS I8_COLS
+#endif
+static int many_rows_tiles = 1; /* 0: I8_COLS tiles for every row count (benchmarks, tests) */
+
+/* Whether products of more than I8_ROWS rows take the I8_MANY_COLS tiles (the default);
+ * for paired benchmarks and tests (the bits are the same either way). */
+void mtplx_qmm_set_many_rows_tiles(int on) { many_rows_tiles = on != 0; }
 
 /* One term of a tile: C columns' weights and scales loaded and unpacked once, applied to R
  * rows. whole: a term read in full (else a row's partial last term: masked loads). */
@@ -1415,7 +1456,10 @@ static inline __attribute__((always_inline)) void columns_int8_kind(const qmm_t 
                                                                    const int half,
                                                                    const int far) {
     const long ahead = I8_AHEAD;
-    for (int m = 0; m < p->M;) {
+    int m = 0;
+    if (I8_MANY_COLS != I8_COLS && many_rows_tiles && p->M > I8_ROWS)
+        for (; m + I8_ROWS <= p->M; m += I8_ROWS) I8_ROW_TILE(I8_ROWS, I8_MANY_COLS);
+    while (m < p->M) {
         const int R = p->M - m < I8_ROWS ? p->M - m : I8_ROWS;
         switch (R) {
         case 1: I8_ROW_TILE(1, I8_COLS_1); break;

@@ -509,6 +509,37 @@ def test_int8_mode_partial_last_term_over_rows_and_threads(bits: int, group: int
         quant.set_threads(before)
 
 
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize(("bits", "group", "k"), [(4, 32, 576), (4, 64, 1536), (8, 32, 576)])
+def test_int8_mode_many_row_tiles_equal_the_twin(bits: int, group: int, k: int, half: bool) -> None:
+    """A prompt chunk's rows (more than a few-row tile's) take tiles of their own shape: row
+    counts of whole tiles and of whole tiles plus 1..5 rows, 67 columns (whole tiles and an
+    odd column), on 1 and 2 threads, with the many-row tiles and without. The twin's bits
+    every time, and each row alone gives its bits among the others."""
+    rng = np.random.default_rng(bits * 10 + group + k + half)
+    packed, scales, biases = _weights(rng, 67, k, bits, group, half)
+    x = rng.standard_normal((41, k)).astype(np.float32)
+    twin = _int8_reference(x, packed, scales, biases, bits, group)
+    ext = quant.load_extension()
+    before = ext.threads()
+    try:
+        for threads in (1, 2):
+            quant.set_threads(threads)
+            for many in (True, False):
+                ext.set_many_rows_tiles(many)
+                for rows in (7, 12, 13, 17, 36, 41):
+                    np.testing.assert_array_equal(
+                        _int8(x[:rows], packed, scales, biases, bits, group), twin[:rows]
+                    )
+        for i in (0, 6, 40):
+            np.testing.assert_array_equal(
+                _int8(x[i : i + 1], packed, scales, biases, bits, group), twin[i : i + 1]
+            )
+    finally:
+        ext.set_many_rows_tiles(True)
+        quant.set_threads(before)
+
+
 @pytest.mark.parametrize(("bits", "n"), [(8, 4005), (4, 589)])
 def test_int8_mode_few_rows_split_from_both_ends(bits: int, n: int) -> None:
     """A product of up to 4 rows is split with the calling thread taking column chunks from
