@@ -108,7 +108,10 @@ TIMED_STEPS = 2  # per block of lookup rows
 # cheapest steps), and the depth-1 cycle's price against a plain step is what decides
 # whether chat drafts from the model at all.
 DRAFTING_TIMED_STEPS = 6
-DRAFTING_ROUNDS = 4
+DRAFTING_ROUNDS = 6
+# The depths a model drafter's cycles are timed at in a round: depth 1 twice, the one whose
+# price decides whether it drafts at all (chat: first-position acceptance ~0.3).
+DRAFTING_DEPTHS = (1, 2, 1, 4)
 
 
 class ScratchLookup(NgramDrafter):
@@ -182,7 +185,7 @@ def _paired_ratios(
     ratio over the mean of its two neighbours. A slow spell of a shared host (it slows every
     step alike, by up to 2x) then weighs on both sides of a ratio."""
     plain = [_timed_steps(engine, rows, 0, steps, settle) for _ in range(1 if depths else rounds)]
-    ratios: dict[int, list[float]] = {k: [] for k in depths}
+    ratios: dict[int, list[float]] = {k: [] for k in depths}  # a depth listed twice: 2 a round
     for r in range(rounds):
         shift = r % len(depths) if depths else 0
         for depth in depths[shift:] + depths[:shift]:
@@ -209,7 +212,8 @@ def time_steps(engine: Engine, batch_size: int, depths: tuple[int, ...], rounds:
 
 def time_drafting(engine: Engine, drafter: str, depths: tuple[int, ...], rounds: int = 3):
     """{depth: what one row drafting ``depth`` tokens from ``drafter`` adds to its plain step,
-    as a share of that step}, as the engine runs the cycle (proposing, verifying, committing;
+    as a share of that step} (a depth listed twice is timed twice a round), as the engine
+    runs the cycle (proposing, verifying, committing;
     one step ahead where the drafter pipelines): steady steps of one scratch row at each
     depth against its plain steps beside them (``_paired_ratios``). A share, not seconds, so
     that the cost model's cycle is as much dearer than its plain step as the row's was,
@@ -280,7 +284,7 @@ def calibrate(engine: Engine, rounds: int = 3) -> StepCosts:
     for name in MODEL_DRAFTERS:
         if name not in engine.available_drafters:
             continue
-        shares = time_drafting(engine, name, DEPTHS, max(rounds, DRAFTING_ROUNDS))
+        shares = time_drafting(engine, name, DRAFTING_DEPTHS, max(rounds, DRAFTING_ROUNDS))
         # The cycles' shares of a plain step priced on this calibration's plain step; what
         # the cost model adds for verifying k drafts comes off, so that a cycle's modelled
         # cost (``StepCosts.drafting_time``) is the measured one.

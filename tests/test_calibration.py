@@ -164,6 +164,20 @@ def test_a_deeper_cycle_never_costs_less() -> None:
     assert calibration.drafting_costs({}, charged, 3) == [0.0] * 4
 
 
+def test_a_depth_listed_twice_is_timed_twice_a_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks: list[int] = []
+
+    def scripted(engine: object, rows: object, depth: int, steps: int, settle: int) -> float:
+        blocks.append(depth)
+        return 0.01 * (1 + 0.2 * depth)
+
+    monkeypatch.setattr(calibration, "_timed_steps", scripted)
+    depths = calibration.DRAFTING_DEPTHS
+    _, ratios = calibration._paired_ratios(None, [], depths, rounds=2, steps=6)  # type: ignore[arg-type]
+    assert sorted(ratios) == [1, 2, 4] and ratios[1] == pytest.approx(1.2)
+    assert blocks.count(1) == 4 and blocks.count(2) == blocks.count(4) == 2
+
+
 def test_a_cycle_run_ahead_may_cost_less_than_a_lookup_verified_token() -> None:
     # Verifying one step ahead overlaps building the next step: at batch 1 the MTP cycle's
     # whole extra (0.9 ms on a 6.2 ms plain step, measured) was below the 1.75 ms one more
