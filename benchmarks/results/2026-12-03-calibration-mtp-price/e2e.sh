@@ -3,9 +3,10 @@
 # after (this worktree, its own MTPLX_HOME): both servers up at once (started one after the
 # other, each calibrating at start-up), then chat default-vs-plain over HTTP on each, turn
 # about (ROUNDS runs of the 12 chat prompts each), then the in-process chat bench of each.
-# usage: e2e.sh OUTDIR BEFORE_TREE BEFORE_HOME AFTER_TREE AFTER_HOME ROUNDS
+# usage: e2e.sh OUTDIR BEFORE_TREE BEFORE_HOME AFTER_TREE AFTER_HOME ROUNDS [IN_PROCESS]
+# (IN_PROCESS 0: the HTTP comparison only)
 set -x
-OUT=$1; BT=$2; BH=$3; AT=$4; AH=$5; ROUNDS=${6:-2}
+OUT=$1; BT=$2; BH=$3; AT=$4; AH=$5; ROUNDS=${6:-2}; IN_PROCESS=${7:-1}
 PY=/work/main/.venv/bin/python
 mkdir -p $OUT
 uptime > $OUT/load.txt
@@ -27,6 +28,7 @@ done
 curl -s localhost:8411/health > $OUT/health-before.json
 curl -s localhost:8412/health > $OUT/health-after.json
 kill $(cat $OUT/serve-before.pid) $(cat $OUT/serve-after.pid); sleep 3
+[ "$IN_PROCESS" = 0 ] && exit 0
 for side in before after; do
   T=$BT; H=$BH; [ $side = after ] && T=$AT && H=$AH
   (cd $T && MTPLX_HOME=$H PYTHONPATH=$T nice -n 5 $PY -m mtplx bench --prompt-dir benchmarks/prompts-more --categories chat --prompts-per-category 12 --max-tokens 96 --repeats 1 --samplers greedy --modes plain,default,mtp@1 --out $OUT/bench-chat-$side) > $OUT/bench-chat-$side.log 2>&1
