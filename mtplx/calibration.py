@@ -1,16 +1,20 @@
 """The step cost model of an engine (``mtplx.planner.StepCosts``), measured at start-up.
 
-Steps are timed on scratch sequences through the engine's own step loop. For each batch
-size B, B scratch rows switch between plain decoding (every row one queued token, as the
-engine runs them) and verifying k lookup drafts (a scratch lookup that always proposes k
-tokens, proposing for free), in rounds that visit every depth in turn, so that a slow
-spell of the machine (a shared host's is +-15%) weighs on all depths alike; medians over
-rounds. A drafting step's cost is a line in k fitted through its depths (intercept: the
-extra of a step that must read its verdicts; slope: one more verified token per row):
-noise in one depth can then neither make it look cheaper than a shallower one nor make a
-deeper one look free. A model drafter's cost is timed as the engine runs its cycles: steady
-steps of one row drafting from it at each depth against its plain steps, in the same rounds;
-what the cost model already charges for verifying the drafts comes off.
+Steps are timed on scratch sequences through the engine's own step loop, in blocks: a few
+steps that switch the rows to a depth (closing queued work, filling the pipeline) untimed,
+then the median of a few steady ones. Every drafting depth's block lies between two plain
+blocks of the same rows, and is priced by its ratio to them (the depths' order rotating
+every round; medians over rounds): a shared host's slow spell (+-15% quiet, 2x under load)
+slows every step alike, so it weighs on both sides of a ratio, where separate medians would
+mix quiet and busy blocks. For each batch size B, B scratch rows switch between plain
+decoding (every row one queued token, as the engine runs them) and verifying k lookup
+drafts (a scratch lookup that always proposes k tokens, proposing for free); a lookup step's
+cost is a line in k fitted through its depths (intercept: the extra of a step that must read
+its verdicts; slope: one more verified token per row). A model drafter's cycles are timed
+as the engine runs them: one row drafting from it at each depth, against its own plain
+steps; each depth is priced from its own ratio (``drafting_costs``: a line through all
+depths let a slow depth-4 block misprice the depth-1 cycle chat drafts with), as that share
+of the calibration's plain step, less what the cost model already charges for verifying.
 
 The result is cached per model, machine and code version under ``$MTPLX_HOME/calibration``,
 so a restart loads it instead of measuring again. A calibration is only as good as the quiet
@@ -22,11 +26,12 @@ host).
 
 A cache file is trusted only when it names this code's ``CALIBRATION_VERSION``, this model
 and this key, and holds a cost model of this engine's shape (its batch sizes and drafters,
-finite non-negative seconds); any other (another version's, a truncated or hand-edited one)
-is ignored with a warning and measured again. It is written whole or not at all (a private
-temporary file renamed into place), so a process stopped while it calibrates or writes
-leaves nothing a later start reads. Where the cache cannot be written (``MTPLX_HOME`` read
-only) the costs are measured once, for this run, with one warning before the measuring.
+finite seconds, non-negative but for a drafter's own); any other (another version's, a
+truncated or hand-edited one) is ignored with a warning and measured again. It is written
+whole or not at all (a private temporary file renamed into place), so a process stopped
+while it calibrates or writes leaves nothing a later start reads. Where the cache cannot be
+written (``MTPLX_HOME`` read only) the costs are measured once, for this run, with one
+warning before the measuring.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -81,7 +87,7 @@ class Engine(Protocol):
     def step(self) -> list[tuple[Sequence, Any]]: ...
 
 
-CALIBRATION_VERSION = 3  # bump when what is measured changes
+CALIBRATION_VERSION = 4  # bump when what is measured changes
 BATCH_SIZES = (1, 4, 8, 16)
 DEPTHS = (1, 2, 4)
 MODEL_DRAFTERS = ("mtp", "draft_model")
@@ -92,6 +98,21 @@ MAX_BACKGROUND_LOAD = 0.25
 # own by more than this factor (either way); one calibration's batch-1 plain step scatters
 # by ~10% on a quiet machine, one taken under load by 2x.
 MAX_DRIFT = 1.3
+# Steps of a block after a depth switch that are not timed: the one that closes the queued
+# work and the first forward of the new kind (nothing queued before it); a row drafting one
+# step ahead (a model drafter's) one more, its first cycle feeding the head all the pairs
+# its plain steps queued.
+SETTLE_STEPS = 2
+DRAFTING_SETTLE_STEPS = 3
+TIMED_STEPS = 2  # per block of lookup rows
+# A model drafter's cycles are timed longer and in more rounds: they are one row's (the
+# cheapest steps), and the depth-1 cycle's price against a plain step is what decides
+# whether chat drafts from the model at all.
+DRAFTING_TIMED_STEPS = 6
+DRAFTING_ROUNDS = 6
+# The depths a model drafter's cycles are timed at in a round: depth 1 twice, the one whose
+# price decides whether it drafts at all (chat: first-position acceptance ~0.3).
+DRAFTING_DEPTHS = (1, 2, 1, 4)
 
 
 class ScratchLookup(NgramDrafter):
@@ -134,12 +155,14 @@ def _scratch_rows(engine: Engine, batch_size: int, drafter: str | None) -> list[
     return rows
 
 
-def _timed_steps(engine: Engine, rows: list[Sequence], depth: int, steps: int = 2) -> float:
-    """Median seconds of a step with every row at ``depth``, after the steps that switch
-    the rows to it (closing queued forwards, or queuing them)."""
+def _timed_steps(
+    engine: Engine, rows: list[Sequence], depth: int, steps: int, settle: int = SETTLE_STEPS
+) -> float:
+    """Median seconds of ``steps`` steps with every row at ``depth``, after ``settle`` steps
+    that switch the rows to it (closing queued forwards, or queuing them)."""
     for row in rows:
         row.depth = depth
-    for _ in range(2):
+    for _ in range(settle):
         engine.step()
     timings = []
     for _ in range(steps):
@@ -149,37 +172,60 @@ def _timed_steps(engine: Engine, rows: list[Sequence], depth: int, steps: int = 
     return statistics.median(timings)
 
 
+def _paired_ratios(
+    engine: Engine,
+    rows: list[Sequence],
+    depths: tuple[int, ...],
+    rounds: int,
+    steps: int,
+    settle: int = SETTLE_STEPS,
+) -> tuple[float, dict[int, float]]:
+    """(the median plain step's seconds, {depth: the median ratio of a step at that depth to
+    a plain step}) of ``rows``: blocks of ``steps`` timed steps, every depth's block between
+    two plain blocks (0, a, 0, b, 0, ... ; the depths' order rotating every round), each
+    ratio over the mean of its two neighbours. A slow spell of a shared host (it slows every
+    step alike, by up to 2x) then weighs on both sides of a ratio."""
+    plain = [_timed_steps(engine, rows, 0, steps, settle) for _ in range(1 if depths else rounds)]
+    ratios: dict[int, list[float]] = {k: [] for k in depths}  # a depth listed twice: 2 a round
+    for r in range(rounds):
+        shift = r % len(depths) if depths else 0
+        for depth in depths[shift:] + depths[:shift]:
+            seconds = _timed_steps(engine, rows, depth, steps, settle)
+            plain.append(_timed_steps(engine, rows, 0, steps, settle))
+            ratios[depth].append(seconds / ((plain[-2] + plain[-1]) / 2))
+    return statistics.median(plain), {k: statistics.median(v) for k, v in ratios.items()}
+
+
 def time_steps(engine: Engine, batch_size: int, depths: tuple[int, ...], rounds: int = 3):
-    """{depth: median step seconds} of ``batch_size`` scratch lookup rows, depths visited
-    in turn every round."""
+    """{depth: median step seconds} of ``batch_size`` scratch lookup rows: the plain step's
+    median, and each drafting depth's as that times its median ratio to the plain steps
+    beside it (``_paired_ratios``)."""
     rows = _scratch_rows(engine, batch_size, None)
     try:
-        seconds: dict[int, list[float]] = {k: [] for k in depths}
-        for _ in range(rounds):
-            for depth in depths:
-                seconds[depth].append(_timed_steps(engine, rows, depth))
-        return {k: statistics.median(v) for k, v in seconds.items()}
+        drafting = tuple(k for k in depths if k > 0)
+        plain, ratios = _paired_ratios(engine, rows, drafting, rounds, TIMED_STEPS)
+        seconds = {k: plain * ratios[k] for k in drafting}
+        return {0: plain, **seconds} if 0 in depths else seconds
     finally:
         for row in rows:
             engine.abort(row)
 
 
 def time_drafting(engine: Engine, drafter: str, depths: tuple[int, ...], rounds: int = 3):
-    """{depth: median seconds} one row drafting ``depth`` tokens from ``drafter`` adds to its
-    plain step, as the engine runs the cycle (proposing, verifying, committing; one step
-    ahead where the drafter pipelines): steady steps of one scratch row at each depth and at
-    depth 0 in turn, every round, paired per round. Timing the proposing alone, synchronously,
-    would also time what the engine overlaps with the step before."""
+    """{depth: what one row drafting ``depth`` tokens from ``drafter`` adds to its plain step,
+    as a share of that step} (a depth listed twice is timed twice a round), as the engine
+    runs the cycle (proposing, verifying, committing;
+    one step ahead where the drafter pipelines): steady steps of one scratch row at each
+    depth against its plain steps beside them (``_paired_ratios``). A share, not seconds, so
+    that the cost model's cycle is as much dearer than its plain step as the row's was,
+    whatever the plain step it is priced on was timed at. Timing the proposing alone,
+    synchronously, would also time what the engine overlaps with the step before."""
     rows = _scratch_rows(engine, 1, drafter)
     try:
-        seconds: dict[int, list[float]] = {k: [] for k in (0, *depths)}
-        for _ in range(rounds):
-            for depth in seconds:
-                seconds[depth].append(_timed_steps(engine, rows, depth))
-        return {
-            k: statistics.median(a - b for a, b in zip(seconds[k], seconds[0], strict=True))
-            for k in depths
-        }
+        _, ratios = _paired_ratios(
+            engine, rows, depths, rounds, DRAFTING_TIMED_STEPS, DRAFTING_SETTLE_STEPS
+        )
+        return {k: ratios[k] - 1.0 for k in depths}
     finally:
         for row in rows:
             engine.abort(row)
@@ -191,6 +237,37 @@ def _line(depths: tuple[int, ...], seconds: list[float]) -> tuple[float, float]:
         return seconds[0], 0.0
     slope, intercept = statistics.linear_regression(depths, seconds)
     return intercept, max(slope, 0.0)
+
+
+def drafting_costs(
+    extra: dict[int, float], charged: Callable[[int], float], max_depth: int
+) -> list[float]:
+    """A model drafter's ``StepCosts.drafting`` line, depths 0..``max_depth``: each measured
+    depth priced from its own timing (``extra[k]``: seconds a cycle of k drafts adds to a
+    plain step), less ``charged(k)``, what the cost model already charges for verifying k
+    drafts (more than the whole cycle adds where the engine verifies it one step ahead:
+    then below 0); a depth between two measured ones on the line between them, one beyond
+    the deepest measured on the last measured stretch. A cycle never adds less than a
+    shallower one (nor less than nothing). One depth's timing moves no shallower depth's
+    price (a line fitted through all depths let a noisy deep one misprice the shallow ones
+    chat uses)."""
+    measured = sorted(k for k in extra if k > 0)
+    if not measured:
+        return [0.0] * (max_depth + 1)
+    points = [(0, 0.0)] + [(k, extra[k]) for k in measured]
+
+    def seconds(depth: int) -> float:
+        """The extra of a cycle of ``depth`` drafts: measured, or on the line between the
+        measured depths around it (beyond the deepest, on the last stretch)."""
+        i = next((i for i, (k, _) in enumerate(points) if k >= depth), len(points) - 1)
+        (k0, s0), (k1, s1) = points[max(i - 1, 0)], points[max(i, 1)]
+        return s0 + (s1 - s0) * (depth - k0) / (k1 - k0)
+
+    line, cycle = [0.0], 0.0
+    for depth in range(1, max_depth + 1):
+        cycle = max(seconds(depth), cycle)
+        line.append(cycle - charged(depth))
+    return line
 
 
 def calibrate(engine: Engine, rounds: int = 3) -> StepCosts:
@@ -208,16 +285,18 @@ def calibrate(engine: Engine, rounds: int = 3) -> StepCosts:
     for name in MODEL_DRAFTERS:
         if name not in engine.available_drafters:
             continue
-        seconds = time_drafting(engine, name, DEPTHS, rounds)
-        intercept, slope = _line(DEPTHS, [seconds[k] for k in DEPTHS])
-        # What the cost model adds for verifying k drafts comes off the measured extra, so
-        # that a cycle's modelled cost (``StepCosts.drafting_time``) is what was measured;
-        # one more draft never costs less than one more verified token.
-        base = intercept - (0.0 if name in ahead else sync[0])
-        per_draft = max(slope - per_token[0], 0.0)
-        costs.drafting[name] = [0.0] + [
-            max(base + per_draft * k, 0.0) for k in range(1, engine.max_adaptive_depth + 1)
-        ]
+        shares = time_drafting(engine, name, DRAFTING_DEPTHS, max(rounds, DRAFTING_ROUNDS))
+        # The cycles' shares of a plain step priced on this calibration's plain step; what
+        # the cost model adds for verifying k drafts comes off, so that a cycle's modelled
+        # cost (``StepCosts.drafting_time``) is the measured one.
+        synced = 0.0 if name in ahead else sync[0]
+
+        def charged(k: int, synced: float = synced) -> float:
+            return synced + k * per_token[0]
+
+        costs.drafting[name] = drafting_costs(
+            {k: share * plain[0] for k, share in shares.items()}, charged, engine.max_adaptive_depth
+        )
     return costs
 
 
@@ -312,7 +391,8 @@ def parse_cache(text: str, engine: Engine) -> StepCosts:
     """The step costs of a cache file's ``text``; raises ``UnusableCache`` (saying why)
     unless it is a ``cache_document`` of ``engine`` by this code whose costs have this
     engine's shape: its batch sizes, a drafting line for each of its model drafters up to
-    its depth, and finite non-negative seconds (positive plain steps)."""
+    its depth, and finite seconds (positive plain steps, non-negative other than a drafting
+    line's)."""
     try:
         document = json.loads(text)
     except ValueError as exc:
@@ -343,13 +423,16 @@ def parse_cache(text: str, engine: Engine) -> StepCosts:
     if not isinstance(drafting, dict) or sorted(drafting) != drafters:
         raise UnusableCache(f"drafting costs for {drafting!r}, not {drafters}")
     for name, line in drafting.items():
-        _check_seconds(f"drafting[{name!r}]", line, engine.max_adaptive_depth + 1)
+        # below 0 where a drafter's cycles verify cheaper than lookup's (``StepCosts``)
+        _check_seconds(f"drafting[{name!r}]", line, engine.max_adaptive_depth + 1, signed=True)
     return StepCosts(**costs)
 
 
-def _check_seconds(name: str, values: object, length: int, positive: bool = False) -> None:
+def _check_seconds(
+    name: str, values: object, length: int, positive: bool = False, signed: bool = False
+) -> None:
     """Raise ``UnusableCache`` unless ``values`` is a list of ``length`` finite seconds >= 0
-    (> 0 where ``positive``)."""
+    (> 0 where ``positive``; any sign where ``signed``)."""
     ok = (
         isinstance(values, list)
         and len(values) == length
@@ -357,7 +440,7 @@ def _check_seconds(name: str, values: object, length: int, positive: bool = Fals
             isinstance(v, (int, float))
             and not isinstance(v, bool)
             and math.isfinite(v)
-            and (v > 0 if positive else v >= 0)
+            and (v > 0 if positive else signed or v >= 0)
             for v in values
         )
     )

@@ -47,9 +47,12 @@ class StepCosts:
     any row drafts (it must read its verdict: nothing is queued ahead); ``per_token[i]``:
     what one more verified token of every row adds (a lookup draft, free to propose);
     ``drafting[source][k]``: what one row's cycle of k drafts from a model drafter costs beyond
-    the verifying that ``sync`` and ``per_token`` price (proposing, the drafter's commit).
-    ``ahead``: the draft sources whose cycles run one step ahead (the engine's, not
-    measured): they read no verdict before the next forward is built, so pay no ``sync``."""
+    the verifying that ``sync`` and ``per_token`` price (proposing, the drafter's commit);
+    negative where its cycles verify cheaper than lookup rows do (a cycle run one step ahead
+    overlaps its verifying with building the next step: at batch 1 its whole extra can be
+    below one lookup-verified token's). ``ahead``: the draft sources whose cycles run one
+    step ahead (the engine's, not measured): they read no verdict before the next forward
+    is built, so pay no ``sync``."""
 
     batch_sizes: list[int]
     plain: list[float]
@@ -88,11 +91,14 @@ class StepCosts:
         ]
 
     def drafting_time(self, source: str, batch_size: int, depth: int) -> float:
-        """What one row drafting ``depth`` tokens adds to a step of ``batch_size`` rows."""
+        """What one row drafting ``depth`` tokens adds to a step of ``batch_size`` rows: the
+        synchronous step's extra (not for a source run ahead), its share of the verified
+        tokens and its drafting; never below 0 nor below a shallower cycle's."""
         sync = 0.0 if source in self.ahead else self._at(self.sync, batch_size)
         per_token = self._at(self.per_token, batch_size) / batch_size
         drafting = self.drafting.get(_cost_source(source), [0.0])
-        return sync + depth * per_token + drafting[min(depth, len(drafting) - 1)]
+        own = [drafting[min(k, len(drafting) - 1)] for k in range(depth + 1)]
+        return max([0.0, *(sync + k * per_token + own[k] for k in range(1, depth + 1))])
 
     def marginal_row(self, batch_size: int) -> float:
         """What one more plain row adds to a step of ``batch_size`` rows."""

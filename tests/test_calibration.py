@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import mlx.core as mx
@@ -94,15 +95,125 @@ def test_a_model_drafters_cost_is_what_its_cycles_add_beyond_verifying(
         "time_steps",
         lambda engine, batch_size, depths, rounds: {k: plain + k * per_token for k in depths},
     )
-    extra = {1: 0.004, 2: 0.007, 4: 0.013}  # the line 0.001 + 0.003 k
-    monkeypatch.setattr(calibration, "time_drafting", lambda e, name, depths, rounds: extra)
+    extra = {1: 0.004, 2: 0.007, 4: 0.013}  # seconds a cycle adds to the plain step
+    shares = {k: seconds / plain for k, seconds in extra.items()}
+    monkeypatch.setattr(calibration, "time_drafting", lambda e, name, depths, rounds: shares)
     costs = engine.priced(calibrate(engine, rounds=1))
     assert "mtp" in costs.ahead  # so no step synchronisation is charged on top
+    # depth 3, not measured, on the line between depths 2 and 4
     assert costs.drafting["mtp"] == pytest.approx([0.0, 0.002, 0.003, 0.004])
     # the modelled cycle is the measured one
     for k in (1, 2):
         modelled = costs.row_costs("mtp", 1, 3)[k]
         assert modelled == pytest.approx(plain + extra[k])
+
+
+def test_a_cycle_is_priced_at_its_measured_share_of_the_calibrations_plain_step(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The drafting row's own plain steps (timed beside its cycles) and the lookup rows' plain
+    # step differ by what a shared host's load did between them: the cycle keeps its ratio.
+    plain, per_token = 0.008, 0.001
+    monkeypatch.setattr(
+        calibration,
+        "time_steps",
+        lambda engine, batch_size, depths, rounds: {k: plain + k * per_token for k in depths},
+    )
+    shares = {1: 0.2, 2: 0.45, 4: 1.1}
+    monkeypatch.setattr(calibration, "time_drafting", lambda e, name, depths, rounds: shares)
+    costs = engine.priced(calibrate(engine, rounds=1))
+    row = costs.row_costs("mtp", 1, 2)
+    assert row[1] / row[0] == pytest.approx(1.2)
+    assert row[2] / row[0] == pytest.approx(1.45)
+
+
+def test_each_measured_depth_is_priced_from_its_own_timing() -> None:
+    def charged(k: int) -> float:
+        return 0.001 * k
+
+    extra = {1: 0.003, 2: 0.0045, 4: 0.020}
+    line = calibration.drafting_costs(extra, charged, 5)
+    # measured depths: their extra less the verifying charged; 3 between 2 and 4; 5 beyond 4
+    # on the stretch from 2 to 4
+    assert line == pytest.approx([0.0, 0.002, 0.0025, 0.00925, 0.016, 0.02275])
+    assert charged(1) + line[1] == pytest.approx(extra[1])
+    # a line fitted through depths 1, 2 and 4 prices depth 1 at 1.2 ms, not the 3 ms measured
+    intercept, slope = calibration._line((1, 2, 4), [extra[k] for k in (1, 2, 4)])
+    assert intercept + slope == pytest.approx(0.0012, abs=1e-4)
+
+
+def test_a_noisy_deep_depth_does_not_move_a_shallow_ones_price() -> None:
+    def charged(k: int) -> float:
+        return 0.0015 * k
+
+    for deep in (0.004, 0.013, 0.05):  # depth 4 measured in a quiet spell, as expected, slow
+        line = calibration.drafting_costs({1: 0.0025, 2: 0.0045, 4: deep}, charged, 5)
+        assert line[1] == pytest.approx(0.001) and line[2] == pytest.approx(0.0015)
+
+
+def test_a_deeper_cycle_never_costs_less() -> None:
+    def charged(k: int) -> float:
+        return 0.001 * k
+
+    # depth 2 measured below depth 1 (noise), depth 4 below the verifying it charges
+    line = calibration.drafting_costs({1: 0.004, 2: 0.0035, 4: 0.002}, charged, 5)
+    assert line[0] == 0.0 and line[1] == pytest.approx(0.003)  # depth 1 its own timing
+    costs = StepCosts([1], [0.01], [0.001], drafting={"mtp": line}, ahead=("mtp",))
+    row = costs.row_costs("mtp", 1, 5)
+    assert row == pytest.approx([0.01] + [0.014] * 5)  # no deeper cycle below depth 1's
+    assert calibration.drafting_costs({}, charged, 3) == [0.0] * 4
+
+
+def test_a_depth_listed_twice_is_timed_twice_a_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks: list[int] = []
+
+    def scripted(engine: object, rows: object, depth: int, steps: int, settle: int) -> float:
+        blocks.append(depth)
+        return 0.01 * (1 + 0.2 * depth)
+
+    monkeypatch.setattr(calibration, "_timed_steps", scripted)
+    depths = calibration.DRAFTING_DEPTHS
+    _, ratios = calibration._paired_ratios(None, [], depths, rounds=2, steps=6)  # type: ignore[arg-type]
+    assert sorted(ratios) == [1, 2, 4] and ratios[1] == pytest.approx(1.2)
+    assert blocks.count(1) == 4 and blocks.count(2) == blocks.count(4) == 2
+
+
+def test_a_cycle_run_ahead_may_cost_less_than_a_lookup_verified_token() -> None:
+    # Verifying one step ahead overlaps building the next step: at batch 1 the MTP cycle's
+    # whole extra (0.9 ms on a 6.2 ms plain step, measured) was below the 1.75 ms one more
+    # lookup-verified token adds. Its price is what it measured, not the lookup's token.
+    def charged(k: int) -> float:
+        return 0.002 * k
+
+    line = calibration.drafting_costs({1: 0.001, 2: 0.003, 4: 0.008}, charged, 4)
+    assert line[1] == pytest.approx(-0.001)
+    costs = StepCosts([1, 4], [0.01, 0.02], [0.002, 0.004], drafting={"mtp": line}, ahead=("mtp",))
+    assert costs.row_costs("mtp", 1, 4) == pytest.approx([0.01, 0.011, 0.013, 0.0155, 0.018])
+    for batch_size in (1, 2, 4, 8):
+        times = [costs.drafting_time("mtp", batch_size, k) for k in range(5)]
+        assert times[0] == 0.0 and all(t >= 0.0 for t in times) and times == sorted(times)
+
+
+def test_paired_ratios_weigh_a_slow_spell_on_both_sides(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Timed blocks as a shared host gives them: a depth-k step costs 1 + 0.2 k plain steps,
+    # but every step is 2x slower in a busy spell that starts in the middle of the run. Plain
+    # medians over a round (and their differences) then mix quiet and busy blocks; a ratio
+    # to the plain blocks beside it does not.
+    blocks: list[int] = []
+
+    def scripted(engine: object, rows: object, depth: int, steps: int, settle: int) -> float:
+        blocks.append(depth)
+        slow = 2.0 if len(blocks) > 9 else 1.0
+        return 0.01 * slow * (1 + 0.2 * depth)
+
+    monkeypatch.setattr(calibration, "_timed_steps", scripted)
+    plain, ratios = calibration._paired_ratios(None, [], (1, 2, 4), rounds=3, steps=4)  # type: ignore[arg-type]
+    assert blocks[::2] == [0] * 10  # every depth's block between two plain ones
+    assert sorted(blocks[1::2]) == [1, 1, 1, 2, 2, 2, 4, 4, 4]  # rotated every round
+    assert blocks[1:6:2] != blocks[7:12:2]
+    for k in (1, 2, 4):
+        assert ratios[k] == pytest.approx(1 + 0.2 * k, rel=0.1)
+    assert 0.01 <= plain <= 0.02
 
 
 def test_calibration_measures_every_batch_size_and_model_drafter(engine: Engine) -> None:
@@ -112,7 +223,8 @@ def test_calibration_measures_every_batch_size_and_model_drafter(engine: Engine)
     assert set(costs.drafting) == {"mtp"}
     drafting = costs.drafting["mtp"]
     assert len(drafting) == engine.max_adaptive_depth + 1 and drafting[0] == 0.0
-    assert drafting == sorted(drafting)  # a line of slope >= 0
+    row = engine.priced(costs).row_costs("mtp", 1, engine.max_adaptive_depth)
+    assert row == sorted(row)  # a deeper cycle never costs less
 
 
 def test_calibration_is_cached_per_model_and_machine(
@@ -236,6 +348,9 @@ def _corrupt(document: dict) -> dict[str, str]:
         "a_plain_step_of_zero": edited_costs(plain=[0.0] * len(costs["plain"])),
         "negative_seconds": edited_costs(per_token=[-1.0] * len(costs["per_token"])),
         "not_a_number": text.replace(str(costs["plain"][0]), "NaN", 1),
+        "an_infinite_drafting_cost": edited_costs(
+            drafting={k: [0.0] + [-math.inf] * (len(v) - 1) for k, v in costs["drafting"].items()}
+        ),
         "strings": edited_costs(sync=["0.1"] * len(costs["sync"])),
         "booleans": edited_costs(sync=[True] * len(costs["sync"])),
         "too_few_values": edited_costs(plain=costs["plain"][:-1]),
@@ -259,6 +374,7 @@ _CORRUPT_CASES = [
     "a_plain_step_of_zero",
     "negative_seconds",
     "not_a_number",
+    "an_infinite_drafting_cost",
     "strings",
     "booleans",
     "too_few_values",
@@ -291,6 +407,25 @@ def test_a_cache_file_not_written_for_this_engine_is_ignored_and_measured_again(
     assert measured == [1, 1]  # not trusted: measured again, no exception
     assert f"ignoring the cached calibration {path}" in caplog.text
     assert json.loads(path.read_text()) == calibration.cache_document(engine, again)
+
+
+def test_a_cached_drafting_line_below_zero_is_trusted(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cycle run ahead can add less than the lookup-verified tokens the model charges for
+    # it (``drafting_costs``): its own line is then below 0, and that is a measurement.
+    monkeypatch.setenv("MTPLX_HOME", str(tmp_path))
+    monkeypatch.setattr(calibration.host_load, "background_load", lambda start, end: 0.0)
+    measured = _counting_calibrate(monkeypatch)
+    first = load_or_calibrate(engine)
+    (path,) = tmp_path.glob("calibration/*.json")
+    depths = engine.max_adaptive_depth
+    below = {"mtp": [0.0] + [-0.0005 * k for k in range(1, depths + 1)]}
+    cached = StepCosts(**{**first.to_dict(), "drafting": below})
+    path.write_text(json.dumps(calibration.cache_document(engine, cached)))
+    monkeypatch.setattr(calibration, "plain_step_seconds", lambda engine: first.plain[0])
+    assert load_or_calibrate(engine) == cached
+    assert measured == [1]
 
 
 def test_the_cache_file_is_written_whole_or_not_at_all(

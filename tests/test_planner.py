@@ -104,3 +104,20 @@ def test_sources_that_run_ahead_pay_no_sync() -> None:
     assert ahead.drafting_time("mtp", 1, 1) == pytest.approx(0.006 + 0.007)
     assert ahead.drafting_time(LOOKUP, 1, 1) == pytest.approx(0.02 + 0.006)
     assert "ahead" not in ahead.to_dict()
+
+
+def test_a_drafting_line_below_zero_never_prices_a_cycle_below_a_shallower_one() -> None:
+    """A model drafter's own line is below 0 where its cycles (run ahead) verify cheaper than
+    lookup-verified tokens; in a batch, where each row's share of a verified token is smaller,
+    a cycle still never adds less than nothing, nor less than a shallower cycle."""
+    costs = StepCosts(
+        [1, 8],
+        [0.01, 0.03],
+        [0.002, 0.004],
+        drafting={"mtp": [0.0, -0.001, -0.003, -0.0025]},
+        ahead=("mtp",),
+    )
+    assert costs.row_costs("mtp", 1, 3) == pytest.approx([0.01, 0.011, 0.011, 0.0135])
+    assert costs.drafting_time("mtp", 8, 1) == 0.0  # 0.0005 - 0.001
+    in_eight = [costs.drafting_time("mtp", 8, k) for k in range(4)]
+    assert in_eight == sorted(in_eight) and min(in_eight) == 0.0
