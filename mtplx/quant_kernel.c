@@ -1152,14 +1152,21 @@ static inline __attribute__((always_inline)) v16f bias_lanes(const void *row, in
 #if defined(__AVX512F__)
 #define I8_ROWS 6 /* 18 accumulators, 6 + 3 weight and scale vectors, x: 32 registers */
 #define I8_COLS_1 4
+/* Two rows (a depth-1 verify) of 4-bit weights: 4 columns, each term's unpacked weights and
+ * scales shared by both rows (8 accumulators, 8 weight and 4 scale vectors); 3 columns
+ * measured ~25% slower (benchmarks/results/2026-12-03-verify-rows). 8-bit weights' unit
+ * blocks keep 3 (4 measured a few percent slower on the LM head). */
+#define I8_COLS_2(bits) ((bits) == 4 ? 4 : 3)
 #define I8_COLS 3
 #elif defined(__AVX2__)
 #define I8_ROWS 2
 #define I8_COLS_1 2
+#define I8_COLS_2(bits) 2
 #define I8_COLS 2
 #else
 #define I8_ROWS 1
 #define I8_COLS_1 1
+#define I8_COLS_2(bits) 1
 #define I8_COLS 1
 #endif
 /* Prefetching the weights, I8_AHEAD columns ahead of the column being read. A product whose
@@ -1379,12 +1386,13 @@ static inline __attribute__((always_inline)) void tile_int8(const qmm_t *p, int 
         first = 4 * p->NB;
     }
 #if defined(__AVX512BW__)
-    if (E / group >= 2 && R <= 2 && first == 0) {
+    if (E / group >= 2 && R == 1 && first == 0) {
         /* A term's scales are 4 (or 2) consecutive parameters, each spread over 4 (or 8)
          * lanes: the 16 groups of 16 / spread terms are converted once, each term's lanes
-         * then one permute of them away (the same values). Where rows are few the per-term
-         * loads and conversions were a good part of a term's work; with more rows they are
-         * shared, and the registers go to the rows' accumulators. */
+         * then one permute of them away (the same values). With one row the per-term loads
+         * and conversions were a good part of a term's work; with more they are shared, and
+         * the registers go to the rows' accumulators (two rows' 4-column tile: 4 registers
+         * of converted scales fewer, measured faster than with them). */
         const int spread = E / group, B = 16 / spread;
         const __m512i first = spread == 4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
                                                                2, 3, 3, 3, 3)
@@ -1464,7 +1472,7 @@ static inline __attribute__((always_inline)) void columns_int8_kind(const qmm_t 
         switch (R) {
         case 1: I8_ROW_TILE(1, I8_COLS_1); break;
 #if I8_ROWS >= 2
-        case 2: I8_ROW_TILE(2, I8_COLS); break;
+        case 2: I8_ROW_TILE(2, I8_COLS_2(bits)); break;
 #endif
 #if I8_ROWS >= 3
         case 3: I8_ROW_TILE(3, I8_COLS); break;

@@ -570,11 +570,11 @@ def test_int8_mode_few_rows_split_from_both_ends(bits: int, n: int) -> None:
 def test_int8_mode_scales_blocks_of_16_groups_equal_the_twin(
     bits: int, group: int, half: bool
 ) -> None:
-    """At 1 and 2 rows a tile converts its columns' scales 16 groups at a time (where a term
-    spans 2 or 4 groups) and picks each term's lanes out of them: rows of exactly one block,
-    one group more, a partial last term inside the second block (18 and 33 groups), three
-    whole blocks; 23 columns (whole tiles and odd columns); float32 and float16 parameters.
-    The same bits as the twin, and as the 3-row tiles that read the scales term by term."""
+    """A 1-row tile converts its columns' scales 16 groups at a time (where a term spans 2
+    or 4 groups) and picks each term's lanes out of them: rows of exactly one block, one
+    group more, a partial last term inside the second block (18 and 33 groups), three whole
+    blocks; 23 columns (whole tiles and odd columns); float32 and float16 parameters. The
+    same bits as the twin, and as the 2- and 3-row tiles that read the scales term by term."""
     rng = np.random.default_rng(bits * 1000 + group + half)
     for groups in (16, 17, 18, 33, 48):
         k = groups * group
@@ -586,6 +586,28 @@ def test_int8_mode_scales_blocks_of_16_groups_equal_the_twin(
             np.testing.assert_array_equal(
                 _int8(x[:rows], packed, scales, biases, bits, group), twin[:rows]
             )
+
+
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize(("bits", "group"), KINDS)
+def test_int8_mode_two_row_tiles_equal_the_twin(bits: int, group: int, half: bool) -> None:
+    """Two rows (a depth-1 verify) take their own tile width (4 columns for 4-bit weights,
+    3 for 8-bit): column counts around both widths' multiples (whole tiles, then 1-3 odd
+    columns), K with and without a partial last term. Both rows the twin's bits, and each
+    the same as that row alone."""
+    rng = np.random.default_rng(bits * 10 + group + 2 * half)
+    for k in (4 * group, 5 * group, 9 * group):
+        for n in (1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15):
+            packed, scales, biases = _weights(rng, n, k, bits, group, half)
+            x = rng.standard_normal((2, k)).astype(np.float32)
+            y = _int8(x, packed, scales, biases, bits, group)
+            np.testing.assert_array_equal(
+                y, _int8_reference(x, packed, scales, biases, bits, group)
+            )
+            for r in (0, 1):
+                np.testing.assert_array_equal(
+                    y[r : r + 1], _int8(x[r : r + 1], packed, scales, biases, bits, group)
+                )
 
 
 def test_int8_mode_rows_past_the_kept_scratch() -> None:
