@@ -1154,7 +1154,7 @@ static inline __attribute__((always_inline)) v16f bias_lanes(const void *row, in
 #define I8_COLS_1 4
 /* Two rows (a depth-1 verify) of 4-bit weights: 4 columns, each term's unpacked weights and
  * scales shared by both rows (8 accumulators, 8 weight and 4 scale vectors); 3 columns
- * measured ~25% slower (benchmarks/results/2026-12-03-verify-rows). 8-bit weights' unit
+ * measured 7-30% slower (benchmarks/results/2026-12-03-verify-rows). 8-bit weights' unit
  * blocks keep 3 (4 measured a few percent slower on the LM head). */
 #define I8_COLS_2(bits) ((bits) == 4 ? 4 : 3)
 #define I8_COLS 3
