@@ -1154,19 +1154,25 @@ static inline __attribute__((always_inline)) v16f bias_lanes(const void *row, in
 #define I8_COLS_1 4
 /* Two rows (a depth-1 verify) of 4-bit weights: 4 columns, each term's unpacked weights and
  * scales shared by both rows (8 accumulators, 8 weight and 4 scale vectors); 3 columns
- * measured 7-30% slower (benchmarks/results/2026-12-03-verify-rows). 8-bit weights' unit
- * blocks keep 3 (4 measured a few percent slower on the LM head). */
+ * measured slower (benchmarks/results/2026-12-03-verify-rows). 8-bit weights' unit blocks
+ * keep 3 (4 measured slower on the LM head). */
 #define I8_COLS_2(bits) ((bits) == 4 ? 4 : 3)
+/* 4 to 6 rows of 4-bit weights (a deeper verify, a few streams): 4 columns too, measured
+ * faster than 3 paired (the 6-row tile spills some registers and still gains: each term's
+ * unpacking serves a third more outputs). 3 rows (mixed) and 8-bit weights keep 3. */
+#define I8_COLS_MORE(bits) ((bits) == 4 ? 4 : 3)
 #define I8_COLS 3
 #elif defined(__AVX2__)
 #define I8_ROWS 2
 #define I8_COLS_1 2
 #define I8_COLS_2(bits) 2
+#define I8_COLS_MORE(bits) 2
 #define I8_COLS 2
 #else
 #define I8_ROWS 1
 #define I8_COLS_1 1
 #define I8_COLS_2(bits) 1
+#define I8_COLS_MORE(bits) 1
 #define I8_COLS 1
 #endif
 /* Prefetching the weights, I8_AHEAD columns ahead of the column being read. A product whose
@@ -1478,13 +1484,13 @@ static inline __attribute__((always_inline)) void columns_int8_kind(const qmm_t 
         case 3: I8_ROW_TILE(3, I8_COLS); break;
 #endif
 #if I8_ROWS >= 4
-        case 4: I8_ROW_TILE(4, I8_COLS); break;
+        case 4: I8_ROW_TILE(4, I8_COLS_MORE(bits)); break;
 #endif
 #if I8_ROWS >= 5
-        case 5: I8_ROW_TILE(5, I8_COLS); break;
+        case 5: I8_ROW_TILE(5, I8_COLS_MORE(bits)); break;
 #endif
 #if I8_ROWS >= 6
-        case 6: I8_ROW_TILE(6, I8_COLS); break;
+        case 6: I8_ROW_TILE(6, I8_COLS_MORE(bits)); break;
 #endif
         default: break;
         }
