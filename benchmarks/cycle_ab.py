@@ -135,8 +135,9 @@ class Switch:
                 setattr(mtp.MTPDrafter, name, lambda self, *a: None)
 
 
-def add(engine: Engine, drafter: str, depth: int, tokens: int) -> None:
-    """Queue the benchmark's greedy request (``drafter`` at ``depth``; ``none``, 0: plain)."""
+def add(engine: Engine, drafter: str, depth: int, tokens: int, temperature: float) -> None:
+    """Queue the benchmark's request (``drafter`` at ``depth``; ``none``, 0: plain), greedy
+    at ``temperature`` 0, else sampled with a fixed seed."""
     ids = list(
         engine.tokenizer.apply_chat_template(
             [{"role": "user", "content": PROMPT}], add_generation_prompt=True
@@ -145,7 +146,7 @@ def add(engine: Engine, drafter: str, depth: int, tokens: int) -> None:
     engine.add(
         GenerationRequest(
             prompt_ids=ids,
-            sampler=SamplerConfig(temperature=0.0),
+            sampler=SamplerConfig(temperature=temperature, seed=0 if temperature else None),
             max_tokens=tokens,
             ignore_eos=True,
             drafter=drafter,
@@ -154,10 +155,12 @@ def add(engine: Engine, drafter: str, depth: int, tokens: int) -> None:
     )
 
 
-def run(engine: Engine, drafter: str, depth: int, tokens: int) -> tuple[float, float, float]:
+def run(
+    engine: Engine, drafter: str, depth: int, tokens: int, temperature: float
+) -> tuple[float, float, float]:
     """One request to its end: the median wall, process-CPU and this thread's CPU ms of a
     step (the prompt's step and the first two after it left out)."""
-    add(engine, drafter, depth, tokens)
+    add(engine, drafter, depth, tokens, temperature)
     engine.step()  # the prompt
     wall, proc, thread = [], [], []
     while engine.running:
@@ -200,6 +203,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     parser.add_argument("--before", default="HEAD")
     parser.add_argument(
         "--switch", action="append", default=[], help="path:attribute[=path:attribute]"
@@ -212,7 +216,10 @@ def main() -> None:
     engine.warm_up()
     spec = {"plain": ("none", 0, "after"), "mtp@1 before": ("mtp", 1, "before")}
     spec.update({"mtp@1 after": ("mtp", 1, "after"), "verify only": ("mtp", 1, "verify only")})
-    print(f"activations: {activations_format()}; before: {args.before}; switch: {args.switch}")
+    print(
+        f"activations: {activations_format()}; before: {args.before}; switch: {args.switch}; "
+        f"temperature: {args.temperature}"
+    )
     print(f"load before: {os.getloadavg()}")
     results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in kinds}
     for r in range(args.rounds):
@@ -220,7 +227,7 @@ def main() -> None:
             drafter, depth, code = spec[name]
             switch.set(code)
             try:
-                results[name].append(run(engine, drafter, depth, args.tokens))
+                results[name].append(run(engine, drafter, depth, args.tokens, args.temperature))
             finally:
                 switch.set("after")
     print(f"load after: {os.getloadavg()}")
