@@ -9,13 +9,14 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from mtplx import calibration
-from mtplx.calibration import ScratchLookup, calibrate, load_or_calibrate, time_steps
+from mtplx import calibration, step_timing
+from mtplx.calibration import load_or_calibrate
 from mtplx.drafters.base import DraftSampler
 from mtplx.engine import Engine
 from mtplx.models import load
 from mtplx.planner import StepCosts
 from mtplx.sampling import SamplerConfig
+from mtplx.step_timing import ScratchLookup, calibrate, time_steps
 from tests.fixtures.checkpoints import build_checkpoint
 
 
@@ -79,7 +80,7 @@ def test_drafting_is_timed_as_the_engine_runs_the_cycles(
         return events
 
     monkeypatch.setattr(engine, "step", recording_step)
-    seconds = calibration.time_drafting(engine, "mtp", (1, 3), rounds=1)
+    seconds = step_timing.time_drafting(engine, "mtp", (1, 3), rounds=1)
     assert set(seconds) == {1, 3}
     assert not engine.running  # the scratch row is gone
     assert {count for counts in per_step for count in counts} == {0, 1, 3}
@@ -91,13 +92,13 @@ def test_a_model_drafters_cost_is_what_its_cycles_add_beyond_verifying(
 ) -> None:
     plain, per_token = 0.010, 0.002
     monkeypatch.setattr(
-        calibration,
+        step_timing,
         "time_steps",
         lambda engine, batch_size, depths, rounds: {k: plain + k * per_token for k in depths},
     )
     extra = {1: 0.004, 2: 0.007, 4: 0.013}  # seconds a cycle adds to the plain step
     shares = {k: seconds / plain for k, seconds in extra.items()}
-    monkeypatch.setattr(calibration, "time_drafting", lambda e, name, depths, rounds: shares)
+    monkeypatch.setattr(step_timing, "time_drafting", lambda e, name, depths, rounds: shares)
     costs = engine.priced(calibrate(engine, rounds=1))
     assert "mtp" in costs.ahead  # so no step synchronisation is charged on top
     # depth 3, not measured, on the line between depths 2 and 4
@@ -115,12 +116,12 @@ def test_a_cycle_is_priced_at_its_measured_share_of_the_calibrations_plain_step(
     # step differ by what a shared host's load did between them: the cycle keeps its ratio.
     plain, per_token = 0.008, 0.001
     monkeypatch.setattr(
-        calibration,
+        step_timing,
         "time_steps",
         lambda engine, batch_size, depths, rounds: {k: plain + k * per_token for k in depths},
     )
     shares = {1: 0.2, 2: 0.45, 4: 1.1}
-    monkeypatch.setattr(calibration, "time_drafting", lambda e, name, depths, rounds: shares)
+    monkeypatch.setattr(step_timing, "time_drafting", lambda e, name, depths, rounds: shares)
     costs = engine.priced(calibrate(engine, rounds=1))
     row = costs.row_costs("mtp", 1, 2)
     assert row[1] / row[0] == pytest.approx(1.2)
@@ -132,13 +133,13 @@ def test_each_measured_depth_is_priced_from_its_own_timing() -> None:
         return 0.001 * k
 
     extra = {1: 0.003, 2: 0.0045, 4: 0.020}
-    line = calibration.drafting_costs(extra, charged, 5)
+    line = step_timing.drafting_costs(extra, charged, 5)
     # measured depths: their extra less the verifying charged; 3 between 2 and 4; 5 beyond 4
     # on the stretch from 2 to 4
     assert line == pytest.approx([0.0, 0.002, 0.0025, 0.00925, 0.016, 0.02275])
     assert charged(1) + line[1] == pytest.approx(extra[1])
     # a line fitted through depths 1, 2 and 4 prices depth 1 at 1.2 ms, not the 3 ms measured
-    intercept, slope = calibration._line((1, 2, 4), [extra[k] for k in (1, 2, 4)])
+    intercept, slope = step_timing._line((1, 2, 4), [extra[k] for k in (1, 2, 4)])
     assert intercept + slope == pytest.approx(0.0012, abs=1e-4)
 
 
@@ -147,7 +148,7 @@ def test_a_noisy_deep_depth_does_not_move_a_shallow_ones_price() -> None:
         return 0.0015 * k
 
     for deep in (0.004, 0.013, 0.05):  # depth 4 measured in a quiet spell, as expected, slow
-        line = calibration.drafting_costs({1: 0.0025, 2: 0.0045, 4: deep}, charged, 5)
+        line = step_timing.drafting_costs({1: 0.0025, 2: 0.0045, 4: deep}, charged, 5)
         assert line[1] == pytest.approx(0.001) and line[2] == pytest.approx(0.0015)
 
 
@@ -156,12 +157,12 @@ def test_a_deeper_cycle_never_costs_less() -> None:
         return 0.001 * k
 
     # depth 2 measured below depth 1 (noise), depth 4 below the verifying it charges
-    line = calibration.drafting_costs({1: 0.004, 2: 0.0035, 4: 0.002}, charged, 5)
+    line = step_timing.drafting_costs({1: 0.004, 2: 0.0035, 4: 0.002}, charged, 5)
     assert line[0] == 0.0 and line[1] == pytest.approx(0.003)  # depth 1 its own timing
     costs = StepCosts([1], [0.01], [0.001], drafting={"mtp": line}, ahead=("mtp",))
     row = costs.row_costs("mtp", 1, 5)
     assert row == pytest.approx([0.01] + [0.014] * 5)  # no deeper cycle below depth 1's
-    assert calibration.drafting_costs({}, charged, 3) == [0.0] * 4
+    assert step_timing.drafting_costs({}, charged, 3) == [0.0] * 4
 
 
 def test_a_depth_listed_twice_is_timed_twice_a_round(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,9 +172,9 @@ def test_a_depth_listed_twice_is_timed_twice_a_round(monkeypatch: pytest.MonkeyP
         blocks.append(depth)
         return 0.01 * (1 + 0.2 * depth)
 
-    monkeypatch.setattr(calibration, "_timed_steps", scripted)
-    depths = calibration.DRAFTING_DEPTHS
-    _, ratios = calibration._paired_ratios(None, [], depths, rounds=2, steps=6)  # type: ignore[arg-type]
+    monkeypatch.setattr(step_timing, "_timed_steps", scripted)
+    depths = step_timing.DRAFTING_DEPTHS
+    _, ratios = step_timing._paired_ratios(None, [], depths, rounds=2, steps=6)  # type: ignore[arg-type]
     assert sorted(ratios) == [1, 2, 4] and ratios[1] == pytest.approx(1.2)
     assert blocks.count(1) == 4 and blocks.count(2) == blocks.count(4) == 2
 
@@ -185,7 +186,7 @@ def test_a_cycle_run_ahead_may_cost_less_than_a_lookup_verified_token() -> None:
     def charged(k: int) -> float:
         return 0.002 * k
 
-    line = calibration.drafting_costs({1: 0.001, 2: 0.003, 4: 0.008}, charged, 4)
+    line = step_timing.drafting_costs({1: 0.001, 2: 0.003, 4: 0.008}, charged, 4)
     assert line[1] == pytest.approx(-0.001)
     costs = StepCosts([1, 4], [0.01, 0.02], [0.002, 0.004], drafting={"mtp": line}, ahead=("mtp",))
     assert costs.row_costs("mtp", 1, 4) == pytest.approx([0.01, 0.011, 0.013, 0.0155, 0.018])
@@ -206,8 +207,8 @@ def test_paired_ratios_weigh_a_slow_spell_on_both_sides(monkeypatch: pytest.Monk
         slow = 2.0 if len(blocks) > 9 else 1.0
         return 0.01 * slow * (1 + 0.2 * depth)
 
-    monkeypatch.setattr(calibration, "_timed_steps", scripted)
-    plain, ratios = calibration._paired_ratios(None, [], (1, 2, 4), rounds=3, steps=4)  # type: ignore[arg-type]
+    monkeypatch.setattr(step_timing, "_timed_steps", scripted)
+    plain, ratios = step_timing._paired_ratios(None, [], (1, 2, 4), rounds=3, steps=4)  # type: ignore[arg-type]
     assert blocks[::2] == [0] * 10  # every depth's block between two plain ones
     assert sorted(blocks[1::2]) == [1, 1, 1, 2, 2, 2, 4, 4, 4]  # rotated every round
     assert blocks[1:6:2] != blocks[7:12:2]

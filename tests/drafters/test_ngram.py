@@ -63,9 +63,9 @@ def test_rows_proposed_in_one_pass_equal_each_row_alone() -> None:
     import mlx.core as mx
     import numpy as np
 
-    from mtplx.calibration import ScratchLookup
     from mtplx.drafters.base import DraftSampler
     from mtplx.sampling import SamplerConfig
+    from mtplx.step_timing import ScratchLookup
 
     vocab = 50
     rng = random.Random(5)
