@@ -22,10 +22,9 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
-from mtplx.build_dirs import build_target, mtplx_home
+from mtplx.build_dirs import build_target, mtplx_home, scratch_dir
 
 PREFIX = "scipy_"
 _SHIM_VERSION = 4  # bump when the generated source changes, to invalidate cached shims
@@ -174,8 +173,8 @@ def build_shim(symbols: tuple[str, ...], openblas: Path) -> tuple[Path, tuple[st
         return target, flags
     compiler = find_compiler()
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src, out = Path(tmp) / "shim.c", Path(tmp) / "shim.so"
+    with scratch_dir(target.parent) as tmp:
+        src, out = tmp / "shim.c", tmp / "shim.so"
         src.write_text(source)
         cmd = [
             compiler,

@@ -10,6 +10,9 @@ Without it the process would run on the slow fallbacks (the reference BLAS, quan
 weights dequantized to float32: every step, the start-up calibration's included, several
 times slower) or, for the default model, not start at all. The price is the work again at
 every start.
+
+A build works in a scratch directory beside its target (``scratch_dir``) and renames the
+result into place; one that a killed process left behind is removed by the next build there.
 """
 
 from __future__ import annotations
@@ -20,9 +23,25 @@ import os
 import shutil
 import tempfile
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["build_target", "mtplx_home", "remove_stand_ins", "writable_build_dir"]
+__all__ = [
+    "build_target",
+    "mtplx_home",
+    "remove_stale",
+    "remove_stand_ins",
+    "scratch_dir",
+    "writable_build_dir",
+]
+
+SCRATCH_PREFIX = ".build-"
+# Older than any build or conversion takes (a few minutes at most), so a scratch directory
+# this old was left by a process that died (kill -9, power loss): another process's
+# directory is never removed under it, whichever PID namespace it runs in.
+STALE_SECONDS = 3600.0
 
 logger = logging.getLogger(__name__)
 
@@ -77,3 +96,42 @@ def remove_stand_ins() -> None:
     with _lock:
         for stand_in in _fallbacks.values():
             shutil.rmtree(stand_in, ignore_errors=True)
+
+
+def remove_stale(directory: Path, prefix: str) -> None:
+    """Remove the entries of ``directory`` named ``prefix*`` that have not changed for
+    ``STALE_SECONDS`` (nor has any file directly in them: a long write keeps its file's
+    time fresh): scratch left by a process that died mid-build."""
+    cutoff = time.time() - STALE_SECONDS
+    try:
+        entries = list(directory.glob(f"{prefix}*"))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if _last_change(entry) >= cutoff:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        except OSError:
+            continue  # removed by another process meanwhile, or not ours to remove
+
+
+def _last_change(entry: Path) -> float:
+    """The newest modification time of ``entry`` and, for a directory, of its entries."""
+    newest = entry.lstat().st_mtime
+    if entry.is_dir() and not entry.is_symlink():
+        for child in entry.iterdir():
+            newest = max(newest, child.lstat().st_mtime)
+    return newest
+
+
+@contextmanager
+def scratch_dir(directory: Path) -> Iterator[Path]:
+    """A new private directory in ``directory`` for a build's intermediate files, removed
+    when the block ends; stale ones (``remove_stale``) are removed first."""
+    remove_stale(directory, SCRATCH_PREFIX)
+    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=directory) as scratch:
+        yield Path(scratch)

@@ -36,7 +36,6 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +44,7 @@ from types import ModuleType
 import mlx.core as mx
 
 from mtplx.blas_shim import Unavailable, cpu_features
-from mtplx.build_dirs import build_target, mtplx_home
+from mtplx.build_dirs import build_target, mtplx_home, scratch_dir
 
 logger = logging.getLogger(__name__)
 
@@ -221,8 +220,8 @@ def build(variant: str) -> Path:
     ]
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("building the quantized kernel (%s) into %s (first use)", variant, target)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp)
+    with scratch_dir(target.parent) as tmp:
+        out = tmp
         kernel_o, ext_o, lib = out / "k.o", out / "e.o", out / "ext.so"
         attention_o, layer_o = out / "a.o", out / "l.o"
         for source, obj in ((_KERNEL, kernel_o), (_ATTENTION, attention_o), (_LAYER, layer_o)):
@@ -277,8 +276,8 @@ def _nanobind_object(cxx: str, nb: Path, includes: list[str]) -> Path:
     ).hexdigest()[:16]
     target = build_target(cache_dir() / f"nanobind-{key}.o")
     if not target.exists():
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            out = Path(tmp) / "nb.o"
+        with scratch_dir(target.parent) as tmp:
+            out = tmp / "nb.o"
             _run([cxx, *flags, "-c", str(source), "-o", str(out)], "nanobind")
             os.replace(out, target)
     return target

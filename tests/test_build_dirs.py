@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -32,3 +34,39 @@ def test_an_unwritable_one_gets_one_private_stand_in_per_run(
     (stand_in / "lib.so").write_bytes(b"")
     build_dirs.remove_stand_ins()
     assert not stand_in.exists()
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_scratch_a_killed_build_left_is_removed_by_the_next_build(tmp_path: Path) -> None:
+    stale = tmp_path / f"{build_dirs.SCRATCH_PREFIX}dead"
+    stale.mkdir()
+    (stale / "k.o").write_bytes(b"\0" * 64)
+    _age(stale / "k.o", build_dirs.STALE_SECONDS + 60)
+    _age(stale, build_dirs.STALE_SECONDS + 60)
+    fresh = tmp_path / f"{build_dirs.SCRATCH_PREFIX}running"  # another process's, mid-build
+    fresh.mkdir()
+    other = tmp_path / "tmp-not-ours"
+    other.mkdir()
+    _age(other, build_dirs.STALE_SECONDS + 60)
+    with build_dirs.scratch_dir(tmp_path) as scratch:
+        assert scratch.parent == tmp_path and scratch.name.startswith(build_dirs.SCRATCH_PREFIX)
+        (scratch / "lib.so").write_bytes(b"")
+        assert not stale.exists()
+        assert fresh.is_dir() and other.is_dir()
+    assert not scratch.exists()
+
+
+def test_stale_scratch_with_a_file_still_being_written_is_kept(tmp_path: Path) -> None:
+    converting = tmp_path / ".model.tmp-abc"
+    converting.mkdir()
+    (converting / "model.safetensors").write_bytes(b"")  # written to a moment ago
+    _age(converting, build_dirs.STALE_SECONDS + 60)
+    build_dirs.remove_stale(tmp_path, ".model.tmp-")
+    assert converting.is_dir()
+    _age(converting / "model.safetensors", build_dirs.STALE_SECONDS + 60)
+    build_dirs.remove_stale(tmp_path, ".model.tmp-")
+    assert not converting.exists()

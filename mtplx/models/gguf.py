@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from mtplx.build_dirs import mtplx_home, writable_build_dir
+from mtplx.build_dirs import mtplx_home, remove_stale, writable_build_dir
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ def convert_gguf(src: Path, dst: Path, *, dequantize: bool = True) -> Path:
     meta = _read_metadata(reader)
     config = _llama_config(meta, {t.name for t in reader.tensors})
     dst.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(dst.parent, f".{dst.name}.tmp-")  # a conversion killed part way
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
     try:
