@@ -418,6 +418,8 @@ class EngineBridge:
                 self.step_observer(rows, tokens, self.last_step_seconds)
             for sequence, event in events:
                 self._deliver(engine, sequence, event)
+            for ticket in {sequence.tag[0]: None for sequence, _ in events}:
+                ticket._flush()  # the step's events, in one hand-over per ticket
             self._publish_kv(engine)
 
     def _publish_kv(self, engine: EngineLike) -> None:
@@ -484,7 +486,7 @@ class EngineBridge:
             failure.__cause__ = event
             self._finish(engine, ticket, "failed", failure)
             return
-        ticket._deliver((index, event))
+        ticket._hold((index, event))  # handed over with the step's others (``_run``)
         if isinstance(event, FinishEvent):
             ticket._rows.remove(sequence)
             ticket._unfinished -= 1
@@ -504,6 +506,7 @@ class EngineBridge:
         error: BaseException | None = None,
     ) -> None:
         """End a ticket: drop its rows and queue slot, count it, tell its reader."""
+        ticket._flush()  # what it holds of this step goes first
         self._abort_rows(engine, ticket)
         with self._cond:
             if ticket in self._active:

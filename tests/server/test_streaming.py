@@ -216,3 +216,45 @@ async def test_finish_event_tail_in_completions(app, client, engine, stream):
     else:
         text = (await client.post("/v1/completions", json=body)).json()["choices"][0]["text"]
     assert text.endswith("\ufffd") and text == engine.expected_text(engine.requests[-1])
+
+
+class BurstEngine(FakeEngine):
+    """Several tokens of each row a step, as a speculative step commits them."""
+
+    def __init__(self, burst: int, **options: object) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
+        self.burst = burst
+
+    def step(self):  # type: ignore[no-untyped-def]
+        events = []
+        for _ in range(self.burst):
+            if self.running:
+                events += super().step()
+        return events
+
+
+async def test_a_steps_tokens_leave_in_one_write(make_app):
+    # Each write is a socket send and a wake-up of the client: a step's tokens, handed to
+    # the stream together, go out together (3 steps of 3 tokens: at most 3 writes carry
+    # text, where one write a token is 9), and the text is the same.
+    engine = BurstEngine(3)
+    app = make_app(engine)
+    call = ASGICall(app, CHAT, chat_body(stream=True, max_tokens=9, seed=3))
+    assert await call.start() == 200
+    writes = []
+    while not call.finished:
+        message = await asyncio.wait_for(call._messages.get(), 10)
+        call.finished = not message.get("more_body", False)
+        writes.append(message.get("body", b"").decode())
+    texts = []
+    for write in writes:
+        chunks = [
+            json.loads(line[len("data: ") :])
+            for line in write.splitlines()
+            if line.startswith("data: {")
+        ]
+        texts.append("".join(c["choices"][0]["delta"].get("content", "") for c in chunks))
+    with_text = [t for t in texts if t]
+    assert 1 <= len(with_text) <= 3
+    assert "".join(texts) == engine.expected_text(engine.requests[-1])
+    assert "".join(writes).rstrip().endswith("data: [DONE]")
