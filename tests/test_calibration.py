@@ -153,6 +153,14 @@ def _corrupt(document: dict) -> dict[str, str]:
         "too_few_values": edited_costs(plain=costs["plain"][:-1]),
         "a_missing_drafter": edited_costs(drafting={}),
         "a_short_drafting_line": edited_costs(drafting={"mtp": [0.0, 0.001]}),
+        "no_sampled_lines": edited_costs(sampled={}),
+        "a_missing_filtered_lookup_line": edited_costs(
+            filtered={k: v for k, v in costs["filtered"].items() if k != "ngram"}
+        ),
+        "a_short_sampled_line": edited_costs(sampled={**costs["sampled"], "mtp": [0.0, 0.001]}),
+        "an_infinite_filtered_cost": edited_costs(
+            filtered={k: [0.0, math.inf, *v[2:]] for k, v in costs["filtered"].items()}
+        ),
         "an_unknown_field": edited_costs(seconds=[0.1]),
         "a_field_not_measured": edited_costs(ahead=["mtp"]),
     }
@@ -177,6 +185,10 @@ _CORRUPT_CASES = [
     "too_few_values",
     "a_missing_drafter",
     "a_short_drafting_line",
+    "no_sampled_lines",
+    "a_missing_filtered_lookup_line",
+    "a_short_sampled_line",
+    "an_infinite_filtered_cost",
     "an_unknown_field",
     "a_field_not_measured",
 ]

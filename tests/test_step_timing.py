@@ -10,7 +10,7 @@ from mtplx import step_timing
 from mtplx.drafters.base import DraftSampler
 from mtplx.engine import Engine
 from mtplx.models import load
-from mtplx.planner import StepCosts
+from mtplx.planner import FILTERED, GREEDY, SAMPLED, StepCosts, sampling_kind
 from mtplx.sampling import SamplerConfig
 from mtplx.step_timing import ScratchLookup, calibrate, time_steps
 from tests.fixtures.checkpoints import build_checkpoint
@@ -94,7 +94,7 @@ def test_a_model_drafters_cost_is_what_its_cycles_add_beyond_verifying(
     )
     extra = {1: 0.004, 2: 0.007, 4: 0.013}  # seconds a cycle adds to the plain step
     shares = {k: seconds / plain for k, seconds in extra.items()}
-    monkeypatch.setattr(step_timing, "time_drafting", lambda e, name, depths, rounds: shares)
+    monkeypatch.setattr(step_timing, "time_drafting", lambda e, name, depths, rounds, *s: shares)
     costs = engine.priced(calibrate(engine, rounds=1))
     assert "mtp" in costs.ahead  # so no step synchronisation is charged on top
     # depth 3, not measured, on the line between depths 2 and 4
@@ -117,7 +117,7 @@ def test_a_cycle_is_priced_at_its_measured_share_of_the_calibrations_plain_step(
         lambda engine, batch_size, depths, rounds: {k: plain + k * per_token for k in depths},
     )
     shares = {1: 0.2, 2: 0.45, 4: 1.1}
-    monkeypatch.setattr(step_timing, "time_drafting", lambda e, name, depths, rounds: shares)
+    monkeypatch.setattr(step_timing, "time_drafting", lambda e, name, depths, rounds, *s: shares)
     costs = engine.priced(calibrate(engine, rounds=1))
     row = costs.row_costs("mtp", 1, 2)
     assert row[1] / row[0] == pytest.approx(1.2)
@@ -222,3 +222,102 @@ def test_calibration_measures_every_batch_size_and_model_drafter(engine: Engine)
     assert len(drafting) == engine.max_adaptive_depth + 1 and drafting[0] == 0.0
     row = engine.priced(costs).row_costs("mtp", 1, engine.max_adaptive_depth)
     assert row == sorted(row)  # a deeper cycle never costs less
+    # a sampled row's cycles: the model drafter's and lookup's
+    for kind, lines in ((SAMPLED, costs.sampled), (FILTERED, costs.filtered)):
+        assert set(lines) == {"mtp", "ngram"}
+        for source, line in lines.items():
+            assert len(line) == engine.max_adaptive_depth + 1 and line[0] == 0.0
+            row = engine.priced(costs).row_costs(source, 1, engine.max_adaptive_depth, kind)
+            assert row == sorted(row)
+
+
+def test_sampled_cycles_are_timed_on_a_row_that_samples(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A greedy row's verdict is an argmax, a sampled row's the target's distribution at
+    # every position: timing a greedy row priced sampled cycles ~1.2x a plain step where
+    # they cost ~1.7x. The rows timed for a sampled line sample so, and draft at each depth.
+    seen: list[tuple[str, int]] = []
+    step = engine.step
+
+    def recording_step():  # type: ignore[no-untyped-def]
+        before = {id(s): s.stats.num_draft_tokens for s in engine.running}
+        events = step()
+        for s in engine.running:
+            drafted = s.stats.num_draft_tokens - before.get(id(s), 0)
+            seen.append((sampling_kind(s.config), drafted))
+        return events
+
+    monkeypatch.setattr(engine, "step", recording_step)
+    for kind, sampler in step_timing.SAMPLERS.items():
+        assert sampling_kind(sampler) == kind
+        for drafter in ("mtp", None):  # the model drafter, then the scratch lookup
+            seen.clear()
+            shares = step_timing.time_drafting(engine, drafter, (1, 2), 1, sampler)
+            assert set(shares) == {1, 2} and not engine.running
+            assert {k for k, _ in seen} == {kind} and {d for _, d in seen} == {0, 1, 2}
+
+
+def _scripted_timing(
+    monkeypatch: pytest.MonkeyPatch, shares: dict[str, dict[str, dict[int, float]]]
+) -> list[tuple[str | None, str]]:
+    """Time steps as a plain 10 ms + 2 ms a lookup token, and drafting rows' shares as
+    scripted: ``shares[kind][source]`` for a row that samples as ``kind``. Returns the
+    (drafter, kind) of every drafting timing asked for."""
+    asked: list[tuple[str | None, str]] = []
+    monkeypatch.setattr(
+        step_timing,
+        "time_steps",
+        lambda engine, batch_size, depths, rounds: {k: 0.010 + k * 0.002 for k in depths},
+    )
+
+    def time_drafting(  # type: ignore[no-untyped-def]
+        engine, name, depths, rounds, sampler=step_timing.GREEDY
+    ):
+        kind = sampling_kind(sampler)
+        asked.append((name, kind))
+        return shares[kind]["ngram" if name is None else name]
+
+    monkeypatch.setattr(step_timing, "time_drafting", time_drafting)
+    return asked
+
+
+def test_a_sampled_row_is_priced_at_its_sampled_cycles_share(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Measured: a sampled depth-1 MTP cycle ~1.7 sampled plain steps, a greedy one ~1.2
+    # greedy plain steps. Each kind of row is priced at its own ratio.
+    shares = {
+        GREEDY: {"mtp": {1: 0.2, 2: 0.5, 4: 1.1}},
+        SAMPLED: {"mtp": {1: 0.7, 2: 1.1, 4: 2.0}, "ngram": {1: 0.5, 2: 0.8, 4: 1.4}},
+        FILTERED: {"mtp": {1: 0.9, 2: 1.5, 4: 2.6}, "ngram": {1: 0.6, 2: 1.1, 4: 2.0}},
+    }
+    asked = _scripted_timing(monkeypatch, shares)
+    costs = engine.priced(calibrate(engine, rounds=1))
+    assert asked == [
+        ("mtp", GREEDY),
+        ("mtp", SAMPLED),
+        (None, SAMPLED),
+        ("mtp", FILTERED),
+        (None, FILTERED),
+    ]
+    for kind, by_source in shares.items():
+        for source, measured in by_source.items():
+            row = costs.row_costs(source, 1, engine.max_adaptive_depth, kind)
+            for k in (1, 2):  # the measured depths within the engine's (3)
+                assert row[k] / row[0] == pytest.approx(1 + measured[k])
+    # a greedy lookup row keeps the lookup rows' line: sync + k verified tokens
+    assert costs.row_costs("ngram", 1, 1) == pytest.approx([0.010, 0.012])
+
+
+def test_a_sampled_line_measured_cheaper_than_a_greedy_one_is_kept() -> None:
+    # Each line is its own measurement (a noisy one may come out below the other): the
+    # sampled price is what the sampled row measured, not floored at the greedy one.
+    def charged(k: int) -> float:
+        return 0.001 * k
+
+    greedy = step_timing.drafting_costs({1: 0.003, 2: 0.005}, charged, 2)
+    sampled = step_timing.drafting_costs({1: 0.0025, 2: 0.006}, charged, 2)
+    costs = StepCosts([1], [0.01], [0.001], drafting={"mtp": greedy}, sampled={"mtp": sampled})
+    assert costs.row_costs("mtp", 1, 2) == pytest.approx([0.01, 0.013, 0.015])
+    assert costs.row_costs("mtp", 1, 2, SAMPLED) == pytest.approx([0.01, 0.0125, 0.016])
