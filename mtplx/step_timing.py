@@ -22,7 +22,7 @@ draws from a softmax over the vocabulary, its verdict takes the target's distrib
 verified position (where a greedy verdict is an argmax); a filter (top-p, top-k, min-p) adds a
 sort or partition over the vocabulary at every position. The planner sets a sampled row's
 cycle against its sampled plain step, so for each kind of sampled row (``SAMPLERS``: without
-and with a filter) each model drafter's cycles, and lookup's (one row at depths 1, 2, 4), are
+and with a filter) each model drafter's cycles, and lookup's (one row at depths 1 and 4), are
 timed again with the row sampling so, against its own plain steps, priced the same paired way
 (``StepCosts.sampled``, ``StepCosts.filtered``).
 """
@@ -88,11 +88,10 @@ DRAFTING_ROUNDS = 6
 # The depths a model drafter's cycles are timed at in a round: depth 1 twice, the one whose
 # price decides whether it drafts at all (chat: first-position acceptance ~0.3).
 DRAFTING_DEPTHS = (1, 2, 1, 4)
-# A sampled row's cycles: the model drafters' at the same depths, in fewer rounds (two kinds
-# of sampled row would triple the drafters' share of the start-up); lookup's one row at the
-# lookup rows' depths.
-SAMPLED_ROUNDS = 4
-LOOKUP_SAMPLED_DEPTHS = DEPTHS
+# A sampled row's cycles (two kinds of sampled row would triple the drafters' share of the
+# start-up): the model drafters' at the same depths in the lookup rows' rounds (3, not 6),
+# lookup's at its shallowest and deepest timed depths (depths between on the line).
+LOOKUP_SAMPLED_DEPTHS = (1, 4)
 
 GREEDY = SamplerConfig(temperature=0.0)
 # The samplers a sampled row's cycles are timed with, per kind (``mtplx.planner.
@@ -301,7 +300,7 @@ def calibrate(engine: Engine, rounds: int = 3) -> StepCosts:
     for kind, sampler in SAMPLERS.items():
         lines = costs.sampled if kind == SAMPLED else costs.filtered
         for name in drafters:
-            shares = time_drafting(engine, name, DRAFTING_DEPTHS, SAMPLED_ROUNDS, sampler)
+            shares = time_drafting(engine, name, DRAFTING_DEPTHS, rounds, sampler)
             lines[name] = line(name, shares)
         shares = time_drafting(engine, None, LOOKUP_SAMPLED_DEPTHS, rounds, sampler)
         lines[LOOKUP] = line(LOOKUP, shares)
