@@ -8,7 +8,7 @@ set -x
 OUT=$(pwd)/benchmarks/results/2026-12-04-sampled-price
 BEFORE_TREE=${BEFORE_TREE:-/tmp/sprice42-head}
 PY=/work/main/.venv/bin/python
-for n in 1 2; do
+for n in ${ROUNDS:-1 2}; do
   uptime
   (cd "$BEFORE_TREE" && PYTHONPATH="$BEFORE_TREE" nice -n 5 $PY -m mtplx bench --quick --modes plain,default,mtp@1 --no-progress --out "$OUT/bench-before-$n") > "$OUT/bench-before-$n.log" 2>&1
   uptime

@@ -8,7 +8,6 @@ outputs equal plain's.
 
 import json
 import statistics
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -46,3 +45,16 @@ for path in runs:
             f"| {path.parent.name} | {sampler} | {cells[0][0]:.2f}x | {cells[1][0]:.2f}x | "
             f"{', '.join(per_category)} | {cycles} | {drafted} | {same} |"
         )
+
+print()
+print("default mode's drafting cycles per category (1 prompt x 2 repeats x 64 tokens each)")
+for path in runs:
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for sampler in ("greedy", "t0.6"):
+        cycles: dict[str, int] = {}
+        for r in records:
+            if r["mode"] == "default" and r["sampler"] == sampler:
+                cycles[r["category"]] = cycles.get(r["category"], 0) + r["num_cycles"]
+        out.append(f"{sampler}: {cycles}")
+    print(path.parent.name, " | ".join(out))
