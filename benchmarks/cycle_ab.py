@@ -135,9 +135,17 @@ class Switch:
                 setattr(mtp.MTPDrafter, name, lambda self, *a: None)
 
 
-def add(engine: Engine, drafter: str, depth: int, tokens: int, temperature: float) -> None:
+def add(
+    engine: Engine,
+    drafter: str,
+    depth: int,
+    tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
+) -> None:
     """Queue the benchmark's request (``drafter`` at ``depth``; ``none``, 0: plain), greedy
-    at ``temperature`` 0, else sampled with a fixed seed."""
+    at ``temperature`` 0, else sampled with a fixed seed (and ``top_p``, ``top_k``)."""
     ids = list(
         engine.tokenizer.apply_chat_template(
             [{"role": "user", "content": PROMPT}], add_generation_prompt=True
@@ -146,7 +154,12 @@ def add(engine: Engine, drafter: str, depth: int, tokens: int, temperature: floa
     engine.add(
         GenerationRequest(
             prompt_ids=ids,
-            sampler=SamplerConfig(temperature=temperature, seed=0 if temperature else None),
+            sampler=SamplerConfig(
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                seed=0 if temperature else None,
+            ),
             max_tokens=tokens,
             ignore_eos=True,
             drafter=drafter,
@@ -156,11 +169,17 @@ def add(engine: Engine, drafter: str, depth: int, tokens: int, temperature: floa
 
 
 def run(
-    engine: Engine, drafter: str, depth: int, tokens: int, temperature: float
+    engine: Engine,
+    drafter: str,
+    depth: int,
+    tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> tuple[float, float, float]:
     """One request to its end: the median wall, process-CPU and this thread's CPU ms of a
     step (the prompt's step and the first two after it left out)."""
-    add(engine, drafter, depth, tokens, temperature)
+    add(engine, drafter, depth, tokens, temperature, top_p, top_k)
     engine.step()  # the prompt
     wall, proc, thread = [], [], []
     while engine.running:
@@ -204,6 +223,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="sampled requests' top_p")
+    parser.add_argument("--top-k", type=int, default=0, help="sampled requests' top_k (0: off)")
     parser.add_argument("--before", default="HEAD")
     parser.add_argument(
         "--switch", action="append", default=[], help="path:attribute[=path:attribute]"
@@ -218,7 +239,7 @@ def main() -> None:
     spec.update({"mtp@1 after": ("mtp", 1, "after"), "verify only": ("mtp", 1, "verify only")})
     print(
         f"activations: {activations_format()}; before: {args.before}; switch: {args.switch}; "
-        f"temperature: {args.temperature}"
+        f"temperature: {args.temperature}, top_p: {args.top_p}, top_k: {args.top_k}"
     )
     print(f"load before: {os.getloadavg()}")
     results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in kinds}
@@ -227,7 +248,17 @@ def main() -> None:
             drafter, depth, code = spec[name]
             switch.set(code)
             try:
-                results[name].append(run(engine, drafter, depth, args.tokens, args.temperature))
+                results[name].append(
+                    run(
+                        engine,
+                        drafter,
+                        depth,
+                        args.tokens,
+                        args.temperature,
+                        args.top_p,
+                        args.top_k,
+                    )
+                )
             finally:
                 switch.set("after")
     print(f"load after: {os.getloadavg()}")

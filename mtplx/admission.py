@@ -11,7 +11,7 @@ import mlx.core as mx
 from mtplx.engine_state import EngineState
 from mtplx.errors import InvalidParameter
 from mtplx.output import TextEmitter
-from mtplx.planner import make_policies
+from mtplx.planner import make_policies, sampling_kind
 from mtplx.request import GenerationRequest, GenerationStats
 from mtplx.sequence import Sequence, Status
 
@@ -163,7 +163,9 @@ class Admission(EngineState):
         depth = request.depth if request.depth is not None else self.default_depth
         policies = {}
         if depth is None and drafter is not None:
-            policies = make_policies(drafter, self.costs, self.max_adaptive_depth)
+            # priced by the row's own kind: a sampled verdict costs more than a greedy one
+            kind = sampling_kind(config)
+            policies = make_policies(drafter, self.costs, self.max_adaptive_depth, kind)
         prompt = [int(t) for t in request.prompt_ids]
         if drafter is not None:
             drafter.reset(prompt)

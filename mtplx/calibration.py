@@ -33,6 +33,7 @@ from pathlib import Path
 
 from mtplx import host_load
 from mtplx.build_dirs import mtplx_home
+from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.planner import StepCosts
 from mtplx.step_timing import (
     BATCH_SIZES,
@@ -45,7 +46,7 @@ from mtplx.step_timing import (
 logger = logging.getLogger(__name__)
 
 
-CALIBRATION_VERSION = 4  # bump when what is measured changes
+CALIBRATION_VERSION = 5  # bump when what is measured changes
 # Other processes' share of the CPUs above which a calibration is not cached: on a shared
 # 2-core host a second process calibrating at the same time doubled every step.
 MAX_BACKGROUND_LOAD = 0.25
@@ -141,7 +142,8 @@ def parse_cache(text: str, engine: Engine) -> StepCosts:
     """The step costs of a cache file's ``text``; raises ``UnusableCache`` (saying why)
     unless it is a ``cache_document`` of ``engine`` by this code whose costs have this
     engine's shape: its batch sizes, a drafting line for each of its model drafters up to
-    its depth, and finite seconds (positive plain steps, non-negative other than a drafting
+    its depth, a sampled row's lines (without and with a filter) for each of them and for
+    lookup, and finite seconds (positive plain steps, non-negative other than a drafting
     line's)."""
     try:
         document = json.loads(text)
@@ -175,6 +177,13 @@ def parse_cache(text: str, engine: Engine) -> StepCosts:
     for name, line in drafting.items():
         # below 0 where a drafter's cycles verify cheaper than lookup's (``StepCosts``)
         _check_seconds(f"drafting[{name!r}]", line, engine.max_adaptive_depth + 1, signed=True)
+    sources = sorted([*drafters, LOOKUP])
+    for kind in ("sampled", "filtered"):
+        lines = costs.get(kind)
+        if not isinstance(lines, dict) or sorted(lines) != sources:
+            raise UnusableCache(f"{kind} costs for {lines!r}, not {sources}")
+        for name, line in lines.items():
+            _check_seconds(f"{kind}[{name!r}]", line, engine.max_adaptive_depth + 1, signed=True)
     return StepCosts(**costs)
 
 
@@ -251,11 +260,14 @@ def load_or_calibrate(engine: Engine) -> StepCosts:
     costs = calibrate(engine)
     load = host_load.background_load(cpu_before, host_load.snapshot())
     logger.info(
-        "step costs measured in %.1f s: plain %s ms, per token %s ms, drafting %s",
+        "step costs measured in %.1f s: plain %s ms, per token %s ms, drafting %s, "
+        "sampled %s, filtered %s",
         time.perf_counter() - started,
         [round(c * 1e3, 1) for c in costs.plain],
         [round(c * 1e3, 1) for c in costs.per_token],
         {k: [round(c * 1e3, 1) for c in v] for k, v in costs.drafting.items()},
+        {k: [round(c * 1e3, 1) for c in v] for k, v in costs.sampled.items()},
+        {k: [round(c * 1e3, 1) for c in v] for k, v in costs.filtered.items()},
     )
     if load is not None and load > MAX_BACKGROUND_LOAD:
         logger.warning(

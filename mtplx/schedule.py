@@ -9,7 +9,7 @@ import dataclasses
 
 from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.engine_state import EngineState, StepEvent
-from mtplx.planner import Plan, StepCosts, plan_cycle
+from mtplx.planner import Plan, StepCosts, plan_cycle, sampling_kind
 from mtplx.prefill import fixed_chunks
 from mtplx.prefill_cost import affordable_tokens, chunk_cost
 from mtplx.sequence import Sequence, Status
@@ -67,6 +67,7 @@ class Schedule(EngineState):
             room - 1,
             self.costs if self.calibrated else None,
             batch_size,
+            sampling_kind(sequence.config),  # a sampled row: priced by its sampled cycles
         )
 
     def _schedule(self, plans: dict[Sequence, Plan], events: list[StepEvent]) -> StepBatch:

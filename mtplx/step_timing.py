@@ -16,6 +16,15 @@ as the engine runs them: one row drafting from it at each depth, against its own
 steps; each depth is priced from its own ratio (``drafting_costs``: a line through all
 depths let a slow depth-4 block misprice the depth-1 cycle chat drafts with), as that share
 of the calibration's plain step, less what the cost model already charges for verifying.
+
+A row that samples (temperature > 0) costs more than a greedy one both ways: its plain step
+draws from a softmax over the vocabulary, its verdict takes the target's distribution at every
+verified position (where a greedy verdict is an argmax); a filter (top-p, top-k, min-p) adds a
+sort or partition over the vocabulary at every position. The planner sets a sampled row's
+cycle against its sampled plain step, so for each kind of sampled row (``SAMPLERS``: without
+and with a filter) each model drafter's cycles, and lookup's (one row at depths 1 and 4), are
+timed again with the row sampling so, against its own plain steps, priced the same paired way
+(``StepCosts.sampled``, ``StepCosts.filtered``).
 """
 
 from __future__ import annotations
@@ -25,8 +34,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.drafters.ngram import NgramDrafter, find_continuation
-from mtplx.planner import StepCosts
+from mtplx.planner import FILTERED, SAMPLED, StepCosts
 from mtplx.request import GenerationRequest
 from mtplx.sampling import SamplerConfig
 
@@ -78,6 +88,21 @@ DRAFTING_ROUNDS = 6
 # The depths a model drafter's cycles are timed at in a round: depth 1 twice, the one whose
 # price decides whether it drafts at all (chat: first-position acceptance ~0.3).
 DRAFTING_DEPTHS = (1, 2, 1, 4)
+# A sampled row's cycles (two kinds of sampled row would triple the drafters' share of the
+# start-up): the model drafters' at the same depths in the lookup rows' rounds (3, not 6),
+# lookup's at its shallowest and deepest timed depths (depths between on the line).
+LOOKUP_SAMPLED_DEPTHS = (1, 4)
+
+GREEDY = SamplerConfig(temperature=0.0)
+# The samplers a sampled row's cycles are timed with, per kind (``mtplx.planner.
+# sampling_kind``): the OpenAI default's (top-p 1, no top-k) at a chat temperature, and the
+# same with the common top-p 0.95 (a sort of the whole vocabulary at every position; a top-k
+# replaces it with partitions, measured to cost about as much). What a verdict and a plain
+# draw cost does not depend on the temperature.
+SAMPLERS = {
+    SAMPLED: SamplerConfig(temperature=0.7, seed=0),
+    FILTERED: SamplerConfig(temperature=0.7, top_p=0.95, seed=0),
+}
 
 
 class ScratchLookup(NgramDrafter):
@@ -97,15 +122,17 @@ class ScratchLookup(NgramDrafter):
         return continuation + padding
 
 
-def _scratch_rows(engine: Engine, batch_size: int, drafter: str | None) -> list[Sequence]:
-    """``batch_size`` prefilled scratch rows (greedy, fixed depth 0) drafting from
-    ``drafter`` (None: scratch lookup)."""
+def _scratch_rows(
+    engine: Engine, batch_size: int, drafter: str | None, sampler: SamplerConfig = GREEDY
+) -> list[Sequence]:
+    """``batch_size`` prefilled scratch rows (fixed depth 0, sampling with ``sampler``)
+    drafting from ``drafter`` (None: scratch lookup)."""
     if engine.running:
         raise RuntimeError("calibration needs an idle engine")
     prompt = [(7 + i % 8) % engine.vocab_size for i in range(32)]
     request = GenerationRequest(
         prompt_ids=prompt,
-        sampler=SamplerConfig(temperature=0.0),
+        sampler=sampler,
         max_tokens=engine.context_length - len(prompt) - 1,
         ignore_eos=True,
         drafter=drafter or "ngram",
@@ -176,20 +203,26 @@ def time_steps(engine: Engine, batch_size: int, depths: tuple[int, ...], rounds:
             engine.abort(row)
 
 
-def time_drafting(engine: Engine, drafter: str, depths: tuple[int, ...], rounds: int = 3):
-    """{depth: what one row drafting ``depth`` tokens from ``drafter`` adds to its plain step,
-    as a share of that step} (a depth listed twice is timed twice a round), as the engine
-    runs the cycle (proposing, verifying, committing;
-    one step ahead where the drafter pipelines): steady steps of one scratch row at each
-    depth against its plain steps beside them (``_paired_ratios``). A share, not seconds, so
+def time_drafting(
+    engine: Engine,
+    drafter: str | None,
+    depths: tuple[int, ...],
+    rounds: int = 3,
+    sampler: SamplerConfig = GREEDY,
+):
+    """{depth: what one row drafting ``depth`` tokens from ``drafter`` (None: the scratch
+    lookup) adds to its plain step, as a share of that step} (a depth listed twice is timed
+    twice a round), as the engine runs the cycle (proposing, verifying, committing;
+    one step ahead where the drafter pipelines): steady steps of one scratch row sampling
+    with ``sampler`` at each depth against its plain steps beside them
+    (``_paired_ratios``). A share, not seconds, so
     that the cost model's cycle is as much dearer than its plain step as the row's was,
     whatever the plain step it is priced on was timed at. Timing the proposing alone,
     synchronously, would also time what the engine overlaps with the step before."""
-    rows = _scratch_rows(engine, 1, drafter)
+    rows = _scratch_rows(engine, 1, drafter, sampler)
+    settle = SETTLE_STEPS if drafter is None else DRAFTING_SETTLE_STEPS
     try:
-        _, ratios = _paired_ratios(
-            engine, rows, depths, rounds, DRAFTING_TIMED_STEPS, DRAFTING_SETTLE_STEPS
-        )
+        _, ratios = _paired_ratios(engine, rows, depths, rounds, DRAFTING_TIMED_STEPS, settle)
         return {k: ratios[k] - 1.0 for k in depths}
     finally:
         for row in rows:
@@ -247,21 +280,30 @@ def calibrate(engine: Engine, rounds: int = 3) -> StepCosts:
         per_token.append(slope)
     costs = StepCosts(sizes, plain, per_token, sync=sync)
     ahead = engine.priced(costs).ahead
-    for name in MODEL_DRAFTERS:
-        if name not in engine.available_drafters:
-            continue
-        shares = time_drafting(engine, name, DRAFTING_DEPTHS, max(rounds, DRAFTING_ROUNDS))
-        # The cycles' shares of a plain step priced on this calibration's plain step; what
-        # the cost model adds for verifying k drafts comes off, so that a cycle's modelled
-        # cost (``StepCosts.drafting_time``) is the measured one.
+
+    def line(name: str, shares: dict[int, float]) -> list[float]:
+        """A drafting line from a row's measured shares: priced on this calibration's plain
+        step, less what the cost model adds for verifying k drafts, so that a cycle's
+        modelled cost (``StepCosts.drafting_time``) is the measured one."""
         synced = 0.0 if name in ahead else sync[0]
 
-        def charged(k: int, synced: float = synced) -> float:
+        def charged(k: int) -> float:
             return synced + k * per_token[0]
 
-        costs.drafting[name] = drafting_costs(
-            {k: share * plain[0] for k, share in shares.items()}, charged, engine.max_adaptive_depth
-        )
+        extra = {k: share * plain[0] for k, share in shares.items()}
+        return drafting_costs(extra, charged, engine.max_adaptive_depth)
+
+    drafters = [name for name in MODEL_DRAFTERS if name in engine.available_drafters]
+    for name in drafters:
+        shares = time_drafting(engine, name, DRAFTING_DEPTHS, max(rounds, DRAFTING_ROUNDS))
+        costs.drafting[name] = line(name, shares)
+    for kind, sampler in SAMPLERS.items():
+        lines = costs.sampled if kind == SAMPLED else costs.filtered
+        for name in drafters:
+            shares = time_drafting(engine, name, DRAFTING_DEPTHS, rounds, sampler)
+            lines[name] = line(name, shares)
+        shares = time_drafting(engine, None, LOOKUP_SAMPLED_DEPTHS, rounds, sampler)
+        lines[LOOKUP] = line(LOOKUP, shares)
     return costs
 
 

@@ -14,6 +14,8 @@ from mlx.utils import tree_flatten
 from mtplx import engine_state, speculative
 from mtplx.engine import Engine
 from mtplx.models import load, make_layer_skip_draft, slot_store
+from mtplx.planner import FILTERED, SAMPLED, StepCosts
+from mtplx.planner import GREEDY as GREEDY_KIND
 from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
 from mtplx.sampling import SamplerConfig
 from mtplx.sequence import Status
@@ -478,3 +480,41 @@ def test_the_step_reads_in_short_functions() -> None:
         if isinstance(node, ast.FunctionDef) and node.name == "step"
     )
     assert step.end_lineno - step.lineno + 1 <= 20  # one screen, top to bottom
+
+
+def test_each_row_is_planned_at_the_prices_of_its_own_sampling_kind(tmp_path: Path) -> None:
+    # A greedy cycle free, a sampled or filtered one 100 plain steps: in one batch the greedy
+    # row drafts from the head and the sampled rows never do (no probe pays either), each
+    # row's depth policy priced by its own kind. Pricing every row as greedy drafted at
+    # T > 0 where the sampled verdict made the cycle cost ~1.7 plain steps.
+    build_checkpoint("llama_mtp", tmp_path)
+    dear = [0.0] + [1.0] * 5
+    costs = StepCosts(
+        [1, 4],
+        [0.01, 0.04],
+        [0.001, 0.004],
+        [0.0, 0.0],
+        drafting={"mtp": [0.0] + [-1.0] * 5},
+        sampled={"mtp": dear, "ngram": dear},
+        filtered={"mtp": dear, "ngram": dear},
+    )
+    engine = Engine(load(tmp_path), costs=costs)
+    prompt = _prompts(engine.vocab_size, 1)[0]
+    samplers = {
+        GREEDY_KIND: GREEDY,
+        SAMPLED: SamplerConfig(temperature=0.8, seed=1),
+        FILTERED: SamplerConfig(temperature=0.8, top_p=0.9, seed=2),
+    }
+    rows = {
+        kind: engine.add(
+            GenerationRequest(prompt_ids=prompt, sampler=sampler, max_tokens=24, drafter="mtp")
+        )
+        for kind, sampler in samplers.items()
+    }
+    for kind, row in rows.items():
+        priced = engine.costs.row_costs("mtp", 1, engine.max_adaptive_depth, kind)
+        assert row.policies["mtp"].cycle_cost == pytest.approx(priced)
+    while engine.running:
+        engine.step()
+    drafted = {kind: row.stats.num_draft_tokens for kind, row in rows.items()}
+    assert drafted[GREEDY_KIND] > 0 and drafted[SAMPLED] == drafted[FILTERED] == 0

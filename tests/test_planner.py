@@ -8,7 +8,19 @@ from mtplx.depth_policy import AdaptiveDepth
 from mtplx.drafters import LookupFirstDrafter, NgramDrafter
 from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.drafters.ngram import LONG_MATCH
-from mtplx.planner import LONG_LOOKUP, Plan, StepCosts, draft_source, plan_cycle
+from mtplx.planner import (
+    FILTERED,
+    GREEDY,
+    LONG_LOOKUP,
+    SAMPLED,
+    Plan,
+    StepCosts,
+    draft_source,
+    make_policies,
+    plan_cycle,
+    sampling_kind,
+)
+from mtplx.request import SamplerConfig
 
 
 class _ModelDrafter:
@@ -121,3 +133,84 @@ def test_a_drafting_line_below_zero_never_prices_a_cycle_below_a_shallower_one()
     assert costs.drafting_time("mtp", 8, 1) == 0.0  # 0.0005 - 0.001
     in_eight = [costs.drafting_time("mtp", 8, k) for k in range(4)]
     assert in_eight == sorted(in_eight) and min(in_eight) == 0.0
+
+
+# A depth-1 MTP cycle 1.2 plain steps for a greedy row, 1.7 for a sampled one and 1.9 for a
+# filtered one (as measured: a sampled verdict is dearer, a filter's sort dearer still);
+# lookup's sampled cycles also dearer than its greedy ones.
+PRICED = StepCosts(
+    batch_sizes=[1, 8],
+    plain=[0.01, 0.03],
+    per_token=[0.001, 0.004],
+    sync=[0.002, 0.002],
+    drafting={"mtp": [0.0, 0.001, 0.003, 0.005]},
+    sampled={"mtp": [0.0, 0.006, 0.01, 0.014], LOOKUP: [0.0, 0.002, 0.004, 0.006]},
+    filtered={"mtp": [0.0, 0.008, 0.013, 0.018], LOOKUP: [0.0, 0.003, 0.006, 0.009]},
+    ahead=("mtp",),
+)
+
+
+def test_a_rows_sampling_kind() -> None:
+    assert sampling_kind(SamplerConfig(temperature=0.0, top_p=0.5)) == GREEDY
+    assert sampling_kind(SamplerConfig(temperature=0.7)) == SAMPLED
+    assert sampling_kind(SamplerConfig(temperature=1.0, presence_penalty=1.0)) == SAMPLED
+    for filters in ({"top_p": 0.95}, {"top_k": 20}, {"min_p": 0.05}):
+        assert sampling_kind(SamplerConfig(temperature=0.6, **filters)) == FILTERED  # type: ignore[arg-type]
+
+
+def test_a_sampled_row_is_priced_by_its_sampled_cycles() -> None:
+    greedy = PRICED.row_costs("mtp", 1, 3)
+    assert greedy == pytest.approx([0.01, 0.012, 0.015, 0.018])  # the greedy line, as before
+    unsampled = StepCosts(**{**PRICED.to_dict(), "sampled": {}, "filtered": {}, "ahead": ("mtp",)})
+    assert unsampled.row_costs("mtp", 1, 3) == greedy  # the sampled lines move no greedy price
+    sampled = PRICED.row_costs("mtp", 1, 3, SAMPLED)
+    assert sampled == pytest.approx([0.01, 0.017, 0.022, 0.027])
+    assert PRICED.row_costs("mtp", 1, 3, FILTERED) == pytest.approx([0.01, 0.019, 0.025, 0.031])
+    # lookup: the greedy row's verifying alone, the sampled row's own line on top of it
+    assert PRICED.row_costs(LOOKUP, 1, 2) == pytest.approx([0.01, 0.013, 0.014])
+    assert PRICED.row_costs(LONG_LOOKUP, 1, 2, SAMPLED) == pytest.approx([0.01, 0.015, 0.018])
+    # in a batch, the sampled verdict's extra stays the row's own (per row, not shared)
+    in_eight = PRICED.drafting_time(LOOKUP, 8, 1, SAMPLED)
+    assert in_eight == pytest.approx(0.002 + 0.004 / 8 + 0.002)
+    # a source with no line of the row's kind: the next plainer kind's
+    assert PRICED.row_costs("draft_model", 1, 1, FILTERED) == PRICED.row_costs("draft_model", 1, 1)
+    no_filtered = StepCosts(**{**PRICED.to_dict(), "filtered": {}, "ahead": ("mtp",)})
+    assert no_filtered.row_costs("mtp", 1, 3, FILTERED) == sampled
+
+
+def _mtp_plan(policies: dict[str, AdaptiveDepth], sampling: str, batch_size: int = 1) -> Plan:
+    drafter = LookupFirstDrafter(NgramDrafter(), _ModelDrafter())  # type: ignore[arg-type]
+    no_match = list(range(100, 140))
+    return plan_cycle(drafter, policies, None, no_match, 64, PRICED, batch_size, sampling)
+
+
+def test_an_acceptance_that_pays_greedy_does_not_pay_sampled() -> None:
+    """First-position acceptance 0.45: a depth-1 cycle of 1.2 plain steps pays, one of 1.7
+    does not. Greedy rows draft as before; a sampled row stays plain."""
+    policies = {kind: make_policies(_MTPFirst(), PRICED, 3, kind) for kind in (GREEDY, SAMPLED)}
+    for kind, kind_policies in policies.items():
+        kind_policies["mtp"].prior_acceptance = 0.45
+        assert kind_policies["mtp"].cycle_cost == pytest.approx(PRICED.row_costs("mtp", 1, 3, kind))
+    assert _mtp_plan(policies[GREEDY], GREEDY).num_draft > 0
+    assert _mtp_plan(policies[SAMPLED], SAMPLED) == Plan("mtp", 0)
+    # at a high acceptance a sampled row drafts too
+    policies[SAMPLED]["mtp"].prior_acceptance = 0.9
+    assert _mtp_plan(policies[SAMPLED], SAMPLED).num_draft > 0
+
+
+def test_a_mixed_batch_prices_each_row_by_its_own_kind() -> None:
+    """A greedy and a sampled row in one step of 2, the same acceptance (0.9: in a batch of
+    2 a cycle must pay for the other row's wait too): each row priced by its own kind."""
+    plans = {}
+    for kind in (GREEDY, SAMPLED):
+        policies = make_policies(_MTPFirst(), PRICED, 3, kind)
+        policies["mtp"].prior_acceptance = 0.9
+        plans[kind] = _mtp_plan(policies, kind, batch_size=2)
+    assert plans[GREEDY].num_draft > 0 and plans[SAMPLED] == Plan("mtp", 0)
+
+
+class _MTPFirst(LookupFirstDrafter):
+    """Lookup first, then the model drafter: its depth policy keys without a real head."""
+
+    def __init__(self) -> None:
+        super().__init__(NgramDrafter(), _ModelDrafter())  # type: ignore[arg-type]
