@@ -398,3 +398,151 @@ int mtplx_head_out(const float *x, int n, int H, const float *w, float eps, cons
     release(rows);
     return status;
 }
+
+/* -- sampling: a temperature's softmax, the inverse-CDF draw, the exact verdict --------------
+ * mtplx.sampling's sampled path (mx_distribution_from_logits' softmax, mx_sample,
+ * mx_verify_draft_tokens) one call each, every step MLX's CPU operation in MLX's order, so the
+ * bits are MLX's ops' (tests/test_sampling_kernel.py compares them bitwise):
+ * - p = softmax((l - max l) / T): the max; s_j = (l_j - max) / T, two roundings; then MLX's
+ *   CPU softmax of s at its scalar SIMD width on x86: M = max s, e_j = exp(s_j - M) with MLX's
+ *   exp (mlx_exp, LW lanes at a time through mlx_exp_lanes: the same bits), a sequential
+ *   float sum of the e_j from 0, r = 1 / sum, p_j = e_j * r. Where MLX spends ~16 ns an
+ *   element in its scalar exp, the lanes take ~1.
+ * - a draw: cumulative sums sequential from the first weight (MLX's CPU scan); the token is
+ *   the number of sums <= u * total (the sums never decrease, so the first that exceeds it;
+ *   a NaN stays NaN and exceeds nothing), or the last positive weight where that is all V.
+ * - the verdict: draft i accepted while q_i(x) > 0 and u_i < p_i(x) / q_i(x) (one float
+ *   division); then a draw from max(p - q, 0) at the first rejected position (from p where
+ *   that has no mass), or from p after the last draft.
+ * Each row on its own: a row's bits never depend on the others, nor on how many there are. */
+
+/* max over n floats, a NaN above all (MLX's max reduction); order-free: the ±0 a tie of
+ * zeros may give changes nothing downstream (x - ±0 and exp of ±0 agree). */
+static float row_max(const float *x, long n) {
+    float m = -INFINITY;
+    long j = 0;
+#if defined(__FMA__) || defined(__AVX512F__)
+    if (n >= LW) {
+        lvf vm = lsplat(-INFINITY);
+        lvi nan = (lvi){0};
+        for (; j + LW <= n; j += LW) {
+            lvf v;
+            memcpy(&v, x + j, sizeof v);
+            vm = lselect(v > vm, v, vm);
+            nan |= v != v;
+        }
+        for (int t = 0; t < LW; t++) {
+            if (nan[t]) return NAN;
+            m = vm[t] > m ? vm[t] : m;
+        }
+    }
+#endif
+    for (; j < n; j++) {
+        if (x[j] != x[j]) return x[j];
+        m = x[j] > m ? x[j] : m;
+    }
+    return m;
+}
+
+/* One row: p [V] = softmax((l - max l) / T), MLX's bits (see above). */
+static void softmax_row(const float *l, long V, float T, float *p) {
+    const float m = row_max(l, V);
+    for (long j = 0; j < V; j++) p[j] = (l[j] - m) / T; /* vectorised by the compiler: exact */
+    const float top = row_max(p, V);
+    float sum = 0.0f;
+    long j = 0;
+#if defined(__FMA__) || defined(__AVX512F__)
+    for (; j + LW <= V; j += LW) {
+        lvf v;
+        memcpy(&v, p + j, sizeof v);
+        const lvf e = mlx_exp_lanes(v - lsplat(top));
+        memcpy(p + j, &e, sizeof e);
+        for (int t = 0; t < LW; t++) sum += e[t]; /* in index order: MLX's sequential sum */
+    }
+#endif
+    for (; j < V; j++) {
+        p[j] = mlx_exp(p[j] - top);
+        sum += p[j];
+    }
+    const float r = 1.0f / sum;
+    for (j = 0; j < V; j++) p[j] *= r;
+}
+
+void mtplx_softmax_rows(const float *logits, long n, long V, float T, float *p) {
+    for (long i = 0; i < n; i++) softmax_row(logits + i * V, V, T, p + i * V);
+}
+
+/* The weight of token j: p_j, or max(p_j - q_j, 0) (MLX's maximum: a NaN stays). */
+static inline float weight(const float *p, const float *q, long j) {
+    if (q == NULL) return p[j];
+    const float r = p[j] - q[j];
+    return r != r ? r : r > 0.0f ? r : 0.0f;
+}
+
+/* The sequential sum of the weights: the last inclusive cumulative sum. */
+static float weight_total(const float *p, const float *q, long V) {
+    float c = 0.0f;
+    for (long j = 0; j < V; j++) c += weight(p, q, j);
+    return c;
+}
+
+/* mx_sample's token from the weights (total: weight_total's) and the uniform u. */
+static int32_t draw(const float *p, const float *q, long V, float total, float u) {
+    const float threshold = u * total;
+    float c = 0.0f;
+    for (long j = 0; j < V; j++) {
+        c += weight(p, q, j);
+        if (!(c <= threshold)) return (int32_t)j;
+    }
+    for (long j = V - 1; j >= 0; j--) /* u rounded up to the total: the last live token */
+        if (weight(p, q, j) > 0.0f) return (int32_t)j;
+    return (int32_t)(V - 1);
+}
+
+/* tokens [n]: a draw from each row of x [n, V] with u [n]: x the weights where T <= 0, else
+ * logits, drawn from softmax((x - max x) / T) computed into scratch [V]. */
+void mtplx_draw_rows(const float *x, long n, long V, float T, const float *u, float *scratch,
+                     int32_t *tokens) {
+    for (long i = 0; i < n; i++) {
+        const float *p = x + i * V;
+        if (T > 0.0f) {
+            softmax_row(p, V, T, scratch);
+            p = scratch;
+        }
+        tokens[i] = draw(p, NULL, V, weight_total(p, NULL, V), u[i]);
+    }
+}
+
+/* The exact rule over one row's k drafts: x [k + 1, V] (p, or logits of p at T > 0 as
+ * mtplx_draw_rows, each row's p computed into scratch [V] only when the verdict reaches
+ * it), drafts [k], qs: each draft position's q [V], accept_u [k], sample_u -> tokens [k + 1]
+ * (the accepted drafts, the recovered or bonus token, -1 after); returns the accepted
+ * count, or -1 for a draft outside the vocabulary. */
+int mtplx_sampled_verdict(const float *x, long V, int k, float T, const int32_t *drafts,
+                          const float *const *qs, const float *accept_u, float sample_u,
+                          float *scratch, int32_t *tokens) {
+    int count = 0;
+    const float *p = x;
+    for (;; count++) {
+        p = x + (long)count * V;
+        if (T > 0.0f) {
+            softmax_row(p, V, T, scratch);
+            p = scratch;
+        }
+        if (count == k) break;
+        const int32_t token = drafts[count];
+        if (token < 0 || token >= V) return -1;
+        const float q = qs[count][token];
+        if (!(q > 0.0f && accept_u[count] < p[token] / q)) break;
+        tokens[count] = token;
+    }
+    const float *q = count < k ? qs[count] : NULL;
+    float total = weight_total(p, q, V);
+    if (!(total > 0.0f) && q != NULL) { /* no residual mass: p itself */
+        q = NULL;
+        total = weight_total(p, NULL, V);
+    }
+    tokens[count] = draw(p, q, V, total, sample_u);
+    for (int i = count + 1; i <= k; i++) tokens[i] = -1;
+    return count;
+}

@@ -71,6 +71,12 @@ int mtplx_head_out(const float* x, int n, int H, const float* w, float eps, cons
                    int R, const mtplx_qweight* head, float* logits, float* normed);
 void mtplx_layer_swiglu(const float* gate_up, int n, int I, float* out);
 float mtplx_layer_exp(float x);
+void mtplx_softmax_rows(const float* logits, long n, long V, float T, float* p);
+void mtplx_draw_rows(const float* x, long n, long V, float T, const float* u, float* scratch,
+                     int32_t* tokens);
+int mtplx_sampled_verdict(const float* x, long V, int k, float T, const int32_t* drafts,
+                          const float* const* qs, const float* accept_u, float sample_u,
+                          float* scratch, int32_t* tokens);
 }
 
 namespace {
@@ -1243,6 +1249,196 @@ std::vector<mx::array> verdict_counts(const mx::array& num_accepted,
                                  mx::astype(output_tokens, mx::int32, stream)});
 }
 
+// The sampled path's nodes (layer_kernel.c's sampling section: MLX's ops' bits). A row's
+// scratch p [V] is this thread's, kept between calls (a vocabulary's row is ~200 KB: a fresh
+// allocation a call is an mmap and its page faults).
+float* sampling_scratch(int64_t V) {
+  thread_local std::vector<float> kept;
+  if (static_cast<int64_t>(kept.size()) < V) kept.resize(V);
+  return kept.data();
+}
+
+// Input logits [..., V] float32 -> p [..., V] = softmax((logits - max) / T) per row:
+// sampling.mx_distribution_from_logits' max, shift, division and softmax, one node.
+class SampledDistribution : public mx::UnaryPrimitive {
+ public:
+  SampledDistribution(mx::Stream stream, float temperature)
+      : mx::UnaryPrimitive(stream), temperature_(temperature) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
+    output.set_data(mx::allocator::malloc(output.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(inputs[0]);
+    encoder.set_output_array(output);
+    encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                      y = mx::array::unsafe_weak_copy(output), t = temperature_]() mutable {
+      std::vector<char> xd;
+      const float* logits = static_cast<const float*>(dense(x, xd));
+      const int64_t V = x.shape(-1);
+      mtplx_softmax_rows(logits, static_cast<long>(x.size() / V), static_cast<long>(V), t,
+                         y.data<float>());
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("the mtplx sampled distribution runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXSampledDistribution"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const SampledDistribution*>(&other);
+    return o != nullptr && o->temperature_ == temperature_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  float temperature_;
+};
+
+mx::array sampled_distribution(const mx::array& logits, float temperature) {
+  if (logits.ndim() < 1 || logits.shape(-1) < 1 || !(temperature > 0.0f))
+    throw std::invalid_argument("sampled_distribution: logits [..., V], temperature > 0");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array(logits.shape(), mx::float32,
+                   std::make_shared<SampledDistribution>(stream, temperature),
+                   {mx::astype(logits, mx::float32, stream)});
+}
+
+// Inputs x [B, V] float32 (weights, or logits at temperature > 0), uniforms [B] float32 ->
+// tokens [B] int32: sampling.mx_sample's ints (of the distribution's p at temperature > 0).
+class SampledDraw : public mx::UnaryPrimitive {
+ public:
+  SampledDraw(mx::Stream stream, float temperature)
+      : mx::UnaryPrimitive(stream), temperature_(temperature) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
+    output.set_data(mx::allocator::malloc(output.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& input : inputs) encoder.set_input_array(input);
+    encoder.set_output_array(output);
+    std::vector<mx::array> in = weak_copies(inputs);
+    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output),
+                      t = temperature_]() mutable {
+      std::vector<char> xd, ud;
+      const float* x = static_cast<const float*>(dense(in[0], xd));
+      const float* u = static_cast<const float*>(dense(in[1], ud));
+      const int64_t V = in[0].shape(-1);
+      mtplx_draw_rows(x, static_cast<long>(in[0].size() / V), static_cast<long>(V), t, u,
+                      t > 0.0f ? sampling_scratch(V) : nullptr, y.data<int32_t>());
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("the mtplx sampled draw runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXSampledDraw"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const SampledDraw*>(&other);
+    return o != nullptr && o->temperature_ == temperature_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {{inputs[1].shape(0)}};
+  }
+
+ private:
+  float temperature_;
+};
+
+mx::array sampled_draw(const mx::array& x, const mx::array& uniforms, float temperature) {
+  if (x.ndim() != 2 || x.shape(1) < 1 || uniforms.ndim() != 1 || uniforms.shape(0) != x.shape(0))
+    throw std::invalid_argument("sampled_draw: x [B, V], uniforms [B]");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array({x.shape(0)}, mx::int32, std::make_shared<SampledDraw>(stream, temperature),
+                   {mx::astype(x, mx::float32, stream),
+                    mx::astype(uniforms, mx::float32, stream)});
+}
+
+// Inputs x [n, V] float32 (p, or logits at temperature > 0), drafts [k] int32 (k = n - 1),
+// uniforms [U] float32 (u_i = uniforms[accept_at + i], the draw's uniforms[sample_at]), then
+// each draft position's q [V] -> num_accepted [1] int32, output_tokens [1, n] int32:
+// sampling.mx_verify_draft_tokens' ints for one row.
+class SampledVerdict : public mx::Primitive {
+ public:
+  SampledVerdict(mx::Stream stream, float temperature, int accept_at, int sample_at)
+      : mx::Primitive(stream),
+        temperature_(temperature),
+        accept_at_(accept_at),
+        sample_at_(sample_at) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& input : inputs) encoder.set_input_array(input);
+    for (auto& out : outputs) encoder.set_output_array(out);
+    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
+    encoder.dispatch([in = std::move(in), out = std::move(out), t = temperature_,
+                      accept_at = accept_at_, sample_at = sample_at_]() mutable {
+      std::vector<char> xd, dd, ud;
+      const float* x = static_cast<const float*>(dense(in[0], xd));
+      const int64_t V = in[0].shape(-1);
+      const int k = static_cast<int>(in[0].shape(0)) - 1;
+      const int32_t* drafts = k ? static_cast<const int32_t*>(dense(in[1], dd)) : nullptr;
+      const float* u = static_cast<const float*>(dense(in[2], ud));
+      std::vector<std::vector<char>> qd(k);
+      std::vector<const float*> qs(k);
+      for (int i = 0; i < k; i++) qs[i] = static_cast<const float*>(dense(in[3 + i], qd[i]));
+      const int count = mtplx_sampled_verdict(
+          x, static_cast<long>(V), k, t, drafts, qs.data(), u + accept_at, u[sample_at],
+          t > 0.0f ? sampling_scratch(V) : nullptr, out[1].data<int32_t>());
+      if (count < 0) throw std::runtime_error("sampled_verdict: a draft outside the vocabulary");
+      *out[0].data<int32_t>() = count;
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("the mtplx sampled verdict runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXSampledVerdict"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const SampledVerdict*>(&other);
+    return o != nullptr && o->temperature_ == temperature_ && o->accept_at_ == accept_at_ &&
+           o->sample_at_ == sample_at_;
+  }
+
+ private:
+  float temperature_;
+  int accept_at_, sample_at_;
+};
+
+std::vector<mx::array> sampled_verdict(const mx::array& x, const mx::array& drafts,
+                                       const mx::array& uniforms, const std::vector<mx::array>& qs,
+                                       float temperature, int accept_at, int sample_at) {
+  if (x.ndim() != 2 || x.shape(0) < 1 || x.shape(1) < 1)
+    throw std::invalid_argument("sampled_verdict: x [k + 1, V]");
+  const int n = static_cast<int>(x.shape(0)), k = n - 1;
+  const int64_t V = x.shape(1);
+  if (static_cast<int>(drafts.size()) != k || static_cast<int>(qs.size()) != k)
+    throw std::invalid_argument("sampled_verdict: k drafts and k q rows for x [k + 1, V]");
+  for (const auto& q : qs)
+    if (static_cast<int64_t>(q.size()) != V)
+      throw std::invalid_argument("sampled_verdict: each q [V]");
+  const int64_t U = uniforms.size();
+  if (accept_at < 0 || sample_at < 0 || accept_at + k > U || sample_at >= U)
+    throw std::invalid_argument("sampled_verdict: the uniforms' offsets outside them");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs = {mx::astype(x, mx::float32, stream),
+                                   mx::astype(drafts, mx::int32, stream),
+                                   mx::astype(uniforms, mx::float32, stream)};
+  for (const auto& q : qs) inputs.push_back(mx::astype(q, mx::float32, stream));
+  return mx::array::make_arrays(
+      {{1}, {1, n}}, {mx::int32, mx::int32},
+      std::make_shared<SampledVerdict>(stream, temperature, accept_at, sample_at), inputs);
+}
+
 // For tests: layer_kernel.c's elementwise pieces on evaluated float32 arrays.
 mx::array rms_norm_reference(const mx::array& x, const mx::array& w, float eps) {
   mx::array xc = mx::contiguous(mx::astype(x, mx::float32));
@@ -1337,6 +1533,13 @@ NB_MODULE(_mtplx_quant, m) {
   m.def("verdict_counts", &verdict_counts, nb::arg("num_accepted"), nb::arg("output_tokens"),
         "A one-row verdict's counts in one lazy node: num_accepted [1], output_tokens [1, n] "
         "-> [num_rejected [], num_valid [], tokens [n], last [1]] int32.");
+  m.def("sampled_distribution", &sampled_distribution, nb::arg("logits"),
+        nb::arg("temperature"), "softmax((logits - max) / T) per row, lazily, one node");
+  m.def("sampled_draw", &sampled_draw, nb::arg("x"), nb::arg("uniforms"), nb::arg("temperature"),
+        "inverse-CDF draw per row (x weights, or logits at temperature > 0), one node");
+  m.def("sampled_verdict", &sampled_verdict, nb::arg("x"), nb::arg("drafts"), nb::arg("uniforms"),
+        nb::arg("qs"), nb::arg("temperature"), nb::arg("accept_at"), nb::arg("sample_at"),
+        "one row's exact sampled verdict, lazily, one node");
   m.def("rms_norm_reference", &rms_norm_reference, nb::arg("x"), nb::arg("w"), nb::arg("eps"));
   m.def("swiglu_reference", &swiglu_reference, nb::arg("gate_up"));
   m.def("layer_exp", [](float x) { return mtplx_layer_exp(x); }, nb::arg("x"));
