@@ -11,7 +11,9 @@ One process, one loaded model (the default one), one engine, the process's
 - ``mtp@1 after``: the same cycles as the working tree runs them;
 - ``verify only``: depth-1 cycles whose draft is a constant token drawn by the drafter's
   sampler from constant logits (no head step, no head bookkeeping): the trunk's verify of 2
-  tokens and the cycle's own bookkeeping.
+  tokens and the cycle's own bookkeeping;
+- ``plain before``, ``verify only before``: those two with the ``--switch`` attributes taken
+  from ``--before``.
 
 A switch is ``path:attribute`` or ``path:Class.method``: ``mtplx/speculative.py:verify``
 replaces ``mtplx.speculative.verify`` (callers that look it up in that module get the old
@@ -61,6 +63,8 @@ from mtplx.sampling import SamplerConfig  # noqa: E402
 
 PROMPT = "Explain why the sky is blue in two sentences."
 KINDS = ("plain", "mtp@1 before", "mtp@1 after", "verify only")
+# Also accepted by --kinds: the plain and verify-only steps with the switches from --before.
+MORE_KINDS = ("plain before", "verify only before")
 
 
 def old_module(commit: str, path: str) -> ModuleType:
@@ -124,12 +128,12 @@ class Switch:
         self.drafter.update({n: mtp.MTPDrafter.__dict__[n] for n in ("commit", "settle")})
 
     def set(self, code: str) -> None:
-        """``after``, ``before`` or ``verify only``."""
+        """``after``, ``before``, ``verify only`` or ``verify only before``."""
         for owner, name, after, before in self.places:
-            setattr(owner, name, before if code == "before" else after)
+            setattr(owner, name, before if code.endswith("before") else after)
         for name, method in self.drafter.items():
             setattr(mtp.MTPDrafter, name, method)
-        if code == "verify only":
+        if code.startswith("verify only"):
             mtp.MTPDrafter.propose_batch = _constant_propose  # type: ignore[method-assign]
             for name in ("commit", "commit_lazy", "settle"):
                 setattr(mtp.MTPDrafter, name, lambda self, *a: None)
@@ -185,6 +189,8 @@ def report(results: dict[str, list[tuple[float, float, float]]]) -> None:
     print("|---|---|---|---|")
     pairs_of = [(n, "plain") for n in ("mtp@1 before", "mtp@1 after", "verify only")]
     pairs_of.append(("mtp@1 after", "mtp@1 before"))
+    pairs_of += [("mtp@1 before", "plain before"), ("verify only before", "plain before")]
+    pairs_of += [("plain", "plain before"), ("verify only", "verify only before")]
     for a, b in pairs_of:
         if a not in results or b not in results:
             continue
@@ -208,7 +214,9 @@ def main() -> None:
     parser.add_argument(
         "--switch", action="append", default=[], help="path:attribute[=path:attribute]"
     )
-    parser.add_argument("--kinds", default=",".join(KINDS), help="a comma list of " + str(KINDS))
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help="a comma list of " + str(KINDS + MORE_KINDS)
+    )
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     switch = Switch(args.before, args.switch)
@@ -216,6 +224,8 @@ def main() -> None:
     engine.warm_up()
     spec = {"plain": ("none", 0, "after"), "mtp@1 before": ("mtp", 1, "before")}
     spec.update({"mtp@1 after": ("mtp", 1, "after"), "verify only": ("mtp", 1, "verify only")})
+    spec.update({"plain before": ("none", 0, "before")})
+    spec.update({"verify only before": ("mtp", 1, "verify only before")})
     print(
         f"activations: {activations_format()}; before: {args.before}; switch: {args.switch}; "
         f"temperature: {args.temperature}"

@@ -499,23 +499,17 @@ static int32_t draw(const float *p, const float *q, long V, float total, float u
     return (int32_t)(V - 1);
 }
 
-/* tokens [n]: a draw from each row of x [n, V] with u [n]: x the weights where T <= 0, else
- * logits, drawn from softmax((x - max x) / T) computed into scratch [V]. */
-void mtplx_draw_rows(const float *x, long n, long V, float T, const float *u, float *scratch,
-                     int32_t *tokens) {
+/* tokens [n]: a draw from each row of the weights w [n, V] with its uniform u [n]. */
+void mtplx_draw_rows(const float *w, long n, long V, const float *u, int32_t *tokens) {
     for (long i = 0; i < n; i++) {
-        const float *p = x + i * V;
-        if (T > 0.0f) {
-            softmax_row(p, V, T, scratch);
-            p = scratch;
-        }
-        tokens[i] = draw(p, NULL, V, weight_total(p, NULL, V), u[i]);
+        const float *row = w + i * V;
+        tokens[i] = draw(row, NULL, V, weight_total(row, NULL, V), u[i]);
     }
 }
 
-/* The exact rule over one row's k drafts: x [k + 1, V] (p, or logits of p at T > 0 as
- * mtplx_draw_rows, each row's p computed into scratch [V] only when the verdict reaches
- * it), drafts [k], qs: each draft position's q [V], accept_u [k], sample_u -> tokens [k + 1]
+/* The exact rule over one row's k drafts: x [k + 1, V] (p where T <= 0, else logits whose
+ * softmax((x - max x) / T) is p, each row's computed into scratch [V] only when the verdict
+ * reaches it), drafts [k], qs: each draft position's q [V], accept_u [k], sample_u -> tokens [k + 1]
  * (the accepted drafts, the recovered or bonus token, -1 after); returns the accepted
  * count, or -1 for a draft outside the vocabulary. */
 int mtplx_sampled_verdict(const float *x, long V, int k, float T, const int32_t *drafts,

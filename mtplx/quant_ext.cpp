@@ -72,8 +72,7 @@ int mtplx_head_out(const float* x, int n, int H, const float* w, float eps, cons
 void mtplx_layer_swiglu(const float* gate_up, int n, int I, float* out);
 float mtplx_layer_exp(float x);
 void mtplx_softmax_rows(const float* logits, long n, long V, float T, float* p);
-void mtplx_draw_rows(const float* x, long n, long V, float T, const float* u, float* scratch,
-                     int32_t* tokens);
+void mtplx_draw_rows(const float* w, long n, long V, const float* u, int32_t* tokens);
 int mtplx_sampled_verdict(const float* x, long V, int k, float T, const int32_t* drafts,
                           const float* const* qs, const float* accept_u, float sample_u,
                           float* scratch, int32_t* tokens);
@@ -82,13 +81,30 @@ int mtplx_sampled_verdict(const float* x, long V, int k, float T, const int32_t*
 namespace {
 
 // a's elements in row-major order: its own data when it is row-contiguous, else a copy
-// gathered through its strides into scratch.
+// gathered through its strides into scratch (whole rows at a time where the last dimension
+// is dense, as a slice of rows or a broadcast row is: an element at a time, a vocabulary
+// row's copy showed in profiles).
 const void* dense(const mx::array& a, std::vector<char>& scratch) {
   if (a.flags().row_contiguous) return a.data<void>();
   const size_t item = a.itemsize();
   scratch.resize(a.size() * item);
   const char* src = a.data<char>();
   const int ndim = static_cast<int>(a.ndim());
+  if (ndim >= 1 && a.strides()[ndim - 1] == 1 && a.shape(ndim - 1) > 0) {
+    const int64_t width = a.shape(ndim - 1);
+    std::vector<int64_t> index(ndim - 1, 0);
+    for (size_t row = 0; row < a.size() / width; row++) {
+      int64_t at = 0;
+      for (int d = 0; d < ndim - 1; d++) at += index[d] * a.strides()[d];
+      std::memcpy(scratch.data() + row * width * item, src + at * static_cast<int64_t>(item),
+                  width * item);
+      for (int d = ndim - 2; d >= 0; d--) {  // the next row, the last leading dimension fastest
+        if (++index[d] < a.shape(d)) break;
+        index[d] = 0;
+      }
+    }
+    return scratch.data();
+  }
   std::vector<int64_t> index(ndim, 0);
   for (size_t i = 0; i < a.size(); i++) {
     int64_t at = 0;
@@ -1308,12 +1324,11 @@ mx::array sampled_distribution(const mx::array& logits, float temperature) {
                    {mx::astype(logits, mx::float32, stream)});
 }
 
-// Inputs x [B, V] float32 (weights, or logits at temperature > 0), uniforms [B] float32 ->
-// tokens [B] int32: sampling.mx_sample's ints (of the distribution's p at temperature > 0).
+// Inputs weights [B, V] float32, uniforms [B] float32 -> tokens [B] int32: sampling.mx_sample's
+// ints.
 class SampledDraw : public mx::UnaryPrimitive {
  public:
-  SampledDraw(mx::Stream stream, float temperature)
-      : mx::UnaryPrimitive(stream), temperature_(temperature) {}
+  explicit SampledDraw(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
     output.set_data(mx::allocator::malloc(output.nbytes()));
@@ -1321,14 +1336,13 @@ class SampledDraw : public mx::UnaryPrimitive {
     for (const auto& input : inputs) encoder.set_input_array(input);
     encoder.set_output_array(output);
     std::vector<mx::array> in = weak_copies(inputs);
-    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output),
-                      t = temperature_]() mutable {
-      std::vector<char> xd, ud;
-      const float* x = static_cast<const float*>(dense(in[0], xd));
+    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output)]() mutable {
+      std::vector<char> wd, ud;
+      const float* w = static_cast<const float*>(dense(in[0], wd));
       const float* u = static_cast<const float*>(dense(in[1], ud));
       const int64_t V = in[0].shape(-1);
-      mtplx_draw_rows(x, static_cast<long>(in[0].size() / V), static_cast<long>(V), t, u,
-                      t > 0.0f ? sampling_scratch(V) : nullptr, y.data<int32_t>());
+      mtplx_draw_rows(w, static_cast<long>(in[0].size() / V), static_cast<long>(V), u,
+                      y.data<int32_t>());
     });
   }
 
@@ -1339,24 +1353,21 @@ class SampledDraw : public mx::UnaryPrimitive {
   const char* name() const override { return "MTPLXSampledDraw"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    auto* o = dynamic_cast<const SampledDraw*>(&other);
-    return o != nullptr && o->temperature_ == temperature_;
+    return dynamic_cast<const SampledDraw*>(&other) != nullptr;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {{inputs[1].shape(0)}};
   }
-
- private:
-  float temperature_;
 };
 
-mx::array sampled_draw(const mx::array& x, const mx::array& uniforms, float temperature) {
-  if (x.ndim() != 2 || x.shape(1) < 1 || uniforms.ndim() != 1 || uniforms.shape(0) != x.shape(0))
-    throw std::invalid_argument("sampled_draw: x [B, V], uniforms [B]");
+mx::array sampled_draw(const mx::array& weights, const mx::array& uniforms) {
+  if (weights.ndim() != 2 || weights.shape(1) < 1 || uniforms.ndim() != 1 ||
+      uniforms.shape(0) != weights.shape(0))
+    throw std::invalid_argument("sampled_draw: weights [B, V], uniforms [B]");
   auto stream = mx::default_stream(mx::Device::cpu);
-  return mx::array({x.shape(0)}, mx::int32, std::make_shared<SampledDraw>(stream, temperature),
-                   {mx::astype(x, mx::float32, stream),
+  return mx::array({weights.shape(0)}, mx::int32, std::make_shared<SampledDraw>(stream),
+                   {mx::astype(weights, mx::float32, stream),
                     mx::astype(uniforms, mx::float32, stream)});
 }
 
@@ -1535,8 +1546,8 @@ NB_MODULE(_mtplx_quant, m) {
         "-> [num_rejected [], num_valid [], tokens [n], last [1]] int32.");
   m.def("sampled_distribution", &sampled_distribution, nb::arg("logits"),
         nb::arg("temperature"), "softmax((logits - max) / T) per row, lazily, one node");
-  m.def("sampled_draw", &sampled_draw, nb::arg("x"), nb::arg("uniforms"), nb::arg("temperature"),
-        "inverse-CDF draw per row (x weights, or logits at temperature > 0), one node");
+  m.def("sampled_draw", &sampled_draw, nb::arg("weights"), nb::arg("uniforms"),
+        "inverse-CDF draw per row of weights [B, V] with uniforms [B], one node");
   m.def("sampled_verdict", &sampled_verdict, nb::arg("x"), nb::arg("drafts"), nb::arg("uniforms"),
         nb::arg("qs"), nb::arg("temperature"), nb::arg("accept_at"), nb::arg("sample_at"),
         "one row's exact sampled verdict, lazily, one node");

@@ -548,7 +548,7 @@ def sample(weights: mx.array, uniforms: mx.array) -> mx.array:
     kernel = sampling_kernel()
     if kernel is None:
         return mx_sample(weights, uniforms).astype(mx.int32)
-    token: mx.array = kernel.sampled_draw(weights, uniforms, 0.0)
+    token: mx.array = kernel.sampled_draw(weights, uniforms)
     return token
 
 
@@ -560,14 +560,11 @@ def sample_logits(
     mask: mx.array | None = None,
 ) -> mx.array:
     """A draw per row from logits [B, V]: the tokens [B] int32 of
-    ``mx_sample(mx_distribution_from_logits(...), uniforms)`` (greedy: the argmax). Sampled
-    without filters, the softmax and the draw are one node (p is never stored)."""
-    kernel = sampling_kernel()
-    if kernel is None or config.is_greedy or _filters_on(config, logits.shape[-1]):
-        return sample(distribution(logits, config, token_counts, mask), uniforms)
-    biased = _biased(logits, config, token_counts, mask)
-    token: mx.array = kernel.sampled_draw(biased, uniforms, config.temperature)
-    return token
+    ``mx_sample(mx_distribution_from_logits(...), uniforms)`` (greedy: the argmax), two
+    nodes where the kernel serves. (One node drawing from the logits themselves would save
+    p's pass, but a node reading a plain row's forward logits directly made the next
+    forward's KV writes copy their stores at times: ``fused_layer.store_copies``.)"""
+    return sample(distribution(logits, config, token_counts, mask), uniforms)
 
 
 def verify_sampled_row(
