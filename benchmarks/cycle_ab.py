@@ -139,9 +139,12 @@ class Switch:
                 setattr(mtp.MTPDrafter, name, lambda self, *a: None)
 
 
+FILTERS: dict[str, float] = {}  # --top-k / --top-p of a sampled request
+
+
 def add(engine: Engine, drafter: str, depth: int, tokens: int, temperature: float) -> None:
     """Queue the benchmark's request (``drafter`` at ``depth``; ``none``, 0: plain), greedy
-    at ``temperature`` 0, else sampled with a fixed seed."""
+    at ``temperature`` 0, else sampled with a fixed seed (and ``FILTERS``)."""
     ids = list(
         engine.tokenizer.apply_chat_template(
             [{"role": "user", "content": PROMPT}], add_generation_prompt=True
@@ -150,7 +153,12 @@ def add(engine: Engine, drafter: str, depth: int, tokens: int, temperature: floa
     engine.add(
         GenerationRequest(
             prompt_ids=ids,
-            sampler=SamplerConfig(temperature=temperature, seed=0 if temperature else None),
+            sampler=SamplerConfig(
+                temperature=temperature,
+                seed=0 if temperature else None,
+                top_k=int(FILTERS.get("top_k", 0)) if temperature else 0,
+                top_p=FILTERS.get("top_p", 1.0) if temperature else 1.0,
+            ),
             max_tokens=tokens,
             ignore_eos=True,
             drafter=drafter,
@@ -210,6 +218,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="with --temperature (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature")
     parser.add_argument("--before", default="HEAD")
     parser.add_argument(
         "--switch", action="append", default=[], help="path:attribute[=path:attribute]"
@@ -219,6 +229,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
+    FILTERS.update(top_k=args.top_k, top_p=args.top_p)
     switch = Switch(args.before, args.switch)
     engine = Engine(load(ensure_default_model("native")))
     engine.warm_up()
@@ -228,7 +239,7 @@ def main() -> None:
     spec.update({"verify only before": ("mtp", 1, "verify only before")})
     print(
         f"activations: {activations_format()}; before: {args.before}; switch: {args.switch}; "
-        f"temperature: {args.temperature}"
+        f"temperature: {args.temperature}; top_k {args.top_k}, top_p {args.top_p}"
     )
     print(f"load before: {os.getloadavg()}")
     results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in kinds}

@@ -399,9 +399,9 @@ int mtplx_head_out(const float *x, int n, int H, const float *w, float eps, cons
     return status;
 }
 
-/* -- sampling: a temperature's softmax, the inverse-CDF draw, the exact verdict --------------
- * mtplx.sampling's sampled path (mx_distribution_from_logits' softmax, mx_sample,
- * mx_verify_draft_tokens) one call each, every step MLX's CPU operation in MLX's order, so the
+/* -- sampling: a temperature's softmax, the filters, the inverse-CDF draw, the exact verdict --
+ * mtplx.sampling's sampled path (mx_distribution_from_logits' softmax and top-k / top-p /
+ * min-p filters, mx_sample, mx_verify_draft_tokens) one call each, every step MLX's CPU operation in MLX's order, so the
  * bits are MLX's ops' (tests/test_sampling_kernel.py compares them bitwise):
  * - p = softmax((l - max l) / T): the max; s_j = (l_j - max) / T, two roundings; then MLX's
  *   CPU softmax of s at its scalar SIMD width on x86: M = max s, e_j = exp(s_j - M) with MLX's
@@ -468,8 +468,91 @@ static void softmax_row(const float *l, long V, float T, float *p) {
     for (j = 0; j < V; j++) p[j] *= r;
 }
 
-void mtplx_softmax_rows(const float *logits, long n, long V, float T, float *p) {
-    for (long i = 0; i < n; i++) softmax_row(logits + i * V, V, T, p + i * V);
+/* The k largest of n values f(j) (k <= n), counted with their repeats, into top [k] in
+ * descending order: an insertion into a sorted buffer where k is small (a value below the
+ * buffer's least is one comparison), a sort of all n values otherwise. */
+static int descending(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+typedef struct {
+    const float *p;
+    float kth;   /* keep p_j >= kth (top-k), -1: no top-k */
+    float scale; /* the kept mass: values p_j / scale */
+} kept_t;
+
+static inline int kept_at(const kept_t *c, long j) { return c->p[j] > 0.0f && c->p[j] >= c->kth; }
+
+static void largest(const float *p, const kept_t *c, long n, int k, float *top, float *all) {
+    if (k <= 256) {
+        int filled = 0;
+        for (long j = 0; j < n; j++) {
+            const float v = c == NULL ? p[j] : (kept_at(c, j) ? p[j] : 0.0f) / c->scale;
+            if (filled == k && !(v > top[k - 1])) continue;
+            int at = filled < k ? filled++ : k - 1;
+            while (at > 0 && top[at - 1] < v) {
+                top[at] = top[at - 1];
+                at--;
+            }
+            top[at] = v;
+        }
+        return;
+    }
+    for (long j = 0; j < n; j++)
+        all[j] = c == NULL ? p[j] : (kept_at(c, j) ? p[j] : 0.0f) / c->scale;
+    qsort(all, (size_t)n, sizeof(float), descending);
+    memcpy(top, all, sizeof(float) * (size_t)k);
+}
+
+/* mx_apply_top_p_top_k on one row p [V] in place, MLX's bits: top-k keeps p >= the k-th
+ * largest; top-p (only with top-k here: the nucleus lies in the k largest) renormalises the
+ * kept p by their sequential sum, takes the k largest, their exclusive sequential cumulative
+ * sums, keeps p whose renormalised value is >= the last value whose mass before is below
+ * top_p (at least the first); min-p keeps p >= min_p * max p; then p = kept / their
+ * sequential sum, one division each. top [k] and all [V]: scratch. */
+static void filter_row(float *p, long V, int top_k, float top_p, float min_p, float *top,
+                       float *all) {
+    const int use_top_k = 0 < top_k && top_k < V;
+    kept_t c = {p, -1.0f, 1.0f};
+    if (use_top_k) {
+        largest(p, NULL, V, top_k, top, all);
+        c.kth = top[top_k - 1];
+    }
+    float threshold = 0.0f; /* keeps every kept p where no top-p */
+    if (use_top_k && top_p < 1.0f) {
+        float mass = 0.0f;
+        for (long j = 0; j < V; j++) mass += kept_at(&c, j) ? p[j] : 0.0f;
+        c.scale = mass;
+        largest(p, &c, V, top_k, top, all);
+        float before = 0.0f;
+        int count = 0;
+        for (int i = 0; i < top_k; i++) {
+            count += before < top_p;
+            before += top[i];
+        }
+        threshold = top[(count > 1 ? count : 1) - 1];
+    }
+    const float floor_p = min_p > 0.0f ? min_p * row_max(p, V) : 0.0f;
+    float total = 0.0f;
+    for (long j = 0; j < V; j++) {
+        int keep = kept_at(&c, j) && (kept_at(&c, j) ? p[j] : 0.0f) / c.scale >= threshold;
+        if (min_p > 0.0f) keep = keep && p[j] >= floor_p;
+        all[j] = keep ? p[j] : 0.0f;
+        total += all[j];
+    }
+    for (long j = 0; j < V; j++) p[j] = all[j] / total;
+}
+
+/* p [n, V] = softmax((logits - max) / T) per row, then filtered where top_k (0 < top_k < V)
+ * or min_p (> 0) asks (top_p < 1 only with top_k); scratch: top_k + V floats. */
+void mtplx_softmax_rows(const float *logits, long n, long V, float T, int top_k, float top_p,
+                        float min_p, float *p, float *scratch) {
+    const int filter = (0 < top_k && top_k < V) || min_p > 0.0f;
+    for (long i = 0; i < n; i++) {
+        softmax_row(logits + i * V, V, T, p + i * V);
+        if (filter) filter_row(p + i * V, V, top_k, top_p, min_p, scratch, scratch + top_k);
+    }
 }
 
 /* The weight of token j: p_j, or max(p_j - q_j, 0) (MLX's maximum: a NaN stays). */

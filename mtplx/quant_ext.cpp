@@ -71,7 +71,8 @@ int mtplx_head_out(const float* x, int n, int H, const float* w, float eps, cons
                    int R, const mtplx_qweight* head, float* logits, float* normed);
 void mtplx_layer_swiglu(const float* gate_up, int n, int I, float* out);
 float mtplx_layer_exp(float x);
-void mtplx_softmax_rows(const float* logits, long n, long V, float T, float* p);
+void mtplx_softmax_rows(const float* logits, long n, long V, float T, int top_k, float top_p,
+                        float min_p, float* p, float* scratch);
 void mtplx_draw_rows(const float* w, long n, long V, const float* u, int32_t* tokens);
 int mtplx_sampled_verdict(const float* x, long V, int k, float T, const int32_t* drafts,
                           const float* const* qs, const float* accept_u, float sample_u,
@@ -1274,12 +1275,17 @@ float* sampling_scratch(int64_t V) {
   return kept.data();
 }
 
-// Input logits [..., V] float32 -> p [..., V] = softmax((logits - max) / T) per row:
-// sampling.mx_distribution_from_logits' max, shift, division and softmax, one node.
+// Input logits [..., V] float32 -> p [..., V] = softmax((logits - max) / T) per row, then
+// filtered by top-k (0 < top_k < V; with top-p where top_p < 1) and min-p (> 0):
+// sampling.mx_distribution_from_logits' max, shift, division, softmax and filters, one node.
 class SampledDistribution : public mx::UnaryPrimitive {
  public:
-  SampledDistribution(mx::Stream stream, float temperature)
-      : mx::UnaryPrimitive(stream), temperature_(temperature) {}
+  SampledDistribution(mx::Stream stream, float temperature, int top_k, float top_p, float min_p)
+      : mx::UnaryPrimitive(stream),
+        temperature_(temperature),
+        top_k_(top_k),
+        top_p_(top_p),
+        min_p_(min_p) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
     output.set_data(mx::allocator::malloc(output.nbytes()));
@@ -1287,12 +1293,13 @@ class SampledDistribution : public mx::UnaryPrimitive {
     encoder.set_input_array(inputs[0]);
     encoder.set_output_array(output);
     encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
-                      y = mx::array::unsafe_weak_copy(output), t = temperature_]() mutable {
+                      y = mx::array::unsafe_weak_copy(output), t = temperature_, k = top_k_,
+                      top_p = top_p_, min_p = min_p_]() mutable {
       std::vector<char> xd;
       const float* logits = static_cast<const float*>(dense(x, xd));
       const int64_t V = x.shape(-1);
-      mtplx_softmax_rows(logits, static_cast<long>(x.size() / V), static_cast<long>(V), t,
-                         y.data<float>());
+      mtplx_softmax_rows(logits, static_cast<long>(x.size() / V), static_cast<long>(V), t, k,
+                         top_p, min_p, y.data<float>(), sampling_scratch(V + (k > 0 ? k : 0)));
     });
   }
 
@@ -1304,7 +1311,8 @@ class SampledDistribution : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const SampledDistribution*>(&other);
-    return o != nullptr && o->temperature_ == temperature_;
+    return o != nullptr && o->temperature_ == temperature_ && o->top_k_ == top_k_ &&
+           o->top_p_ == top_p_ && o->min_p_ == min_p_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -1313,14 +1321,21 @@ class SampledDistribution : public mx::UnaryPrimitive {
 
  private:
   float temperature_;
+  int top_k_;
+  float top_p_, min_p_;
 };
 
-mx::array sampled_distribution(const mx::array& logits, float temperature) {
+mx::array sampled_distribution(const mx::array& logits, float temperature, int top_k,
+                               float top_p, float min_p) {
   if (logits.ndim() < 1 || logits.shape(-1) < 1 || !(temperature > 0.0f))
     throw std::invalid_argument("sampled_distribution: logits [..., V], temperature > 0");
+  const bool use_top_k = 0 < top_k && top_k < logits.shape(-1);
+  if (top_p < 1.0f && !use_top_k)
+    throw std::invalid_argument("sampled_distribution: top-p only with top-k");
   auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array(logits.shape(), mx::float32,
-                   std::make_shared<SampledDistribution>(stream, temperature),
+                   std::make_shared<SampledDistribution>(stream, temperature,
+                                                         use_top_k ? top_k : 0, top_p, min_p),
                    {mx::astype(logits, mx::float32, stream)});
 }
 
@@ -1545,7 +1560,9 @@ NB_MODULE(_mtplx_quant, m) {
         "A one-row verdict's counts in one lazy node: num_accepted [1], output_tokens [1, n] "
         "-> [num_rejected [], num_valid [], tokens [n], last [1]] int32.");
   m.def("sampled_distribution", &sampled_distribution, nb::arg("logits"),
-        nb::arg("temperature"), "softmax((logits - max) / T) per row, lazily, one node");
+        nb::arg("temperature"), nb::arg("top_k") = 0, nb::arg("top_p") = 1.0f,
+        nb::arg("min_p") = 0.0f,
+        "softmax((logits - max) / T) per row, then top-k (top-p with it) and min-p, one node");
   m.def("sampled_draw", &sampled_draw, nb::arg("weights"), nb::arg("uniforms"),
         "inverse-CDF draw per row of weights [B, V] with uniforms [B], one node");
   m.def("sampled_verdict", &sampled_verdict, nb::arg("x"), nb::arg("drafts"), nb::arg("uniforms"),

@@ -531,15 +531,21 @@ def distribution(
     token_counts: mx.array | None = None,
     mask: mx.array | None = None,
 ) -> mx.array:
-    """``mx_distribution_from_logits``'s bits with its max, shift, division and softmax in
-    one node (``sampling_kernel``) where the kernel serves; the filters stay MLX's ops."""
+    """``mx_distribution_from_logits``'s bits with its max, shift, division, softmax and
+    filters in one node (``sampling_kernel``) where the kernel serves. top-p without top-k
+    (a sort of the whole row) stays MLX's ops after the node."""
     kernel = sampling_kernel()
     if kernel is None or config.is_greedy:
         return mx_distribution_from_logits(logits, config, token_counts, mask)
+    biased = _biased(logits, config, token_counts, mask)
+    probs: mx.array
+    if config.top_p < 1.0 and not 0 < config.top_k < logits.shape[-1]:
+        probs = kernel.sampled_distribution(biased, config.temperature)
+        return mx_apply_top_p_top_k(probs, config.top_p, config.top_k, config.min_p)
     probs = kernel.sampled_distribution(
-        _biased(logits, config, token_counts, mask), config.temperature
+        biased, config.temperature, config.top_k, config.top_p, config.min_p
     )
-    return mx_apply_top_p_top_k(probs, config.top_p, config.top_k, config.min_p)
+    return probs
 
 
 def sample(weights: mx.array, uniforms: mx.array) -> mx.array:
@@ -583,8 +589,8 @@ def verify_sampled_row(
     [k+1, V] with token_counts and masks [k+1, V]), the drafts [k] int32 with their q
     (k x [V]), the accept uniforms ``uniforms[accept_at : accept_at + k]`` and the draw's
     ``uniforms[sample_at]`` -> (num_accepted [1], output_tokens [1, k+1]) int32. Where the
-    kernel serves, one node (two with filters: p first, filtered by MLX's ops) that computes
-    a position's p only when the verdict reaches it."""
+    kernel serves, one node that computes a position's p only when the verdict reaches it
+    (with filters two: ``distribution``'s p of every position first)."""
     k = len(draft_qs)
     kernel = sampling_kernel()
     if kernel is None:

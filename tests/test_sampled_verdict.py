@@ -114,14 +114,28 @@ def test_distribution_is_the_numpy_reference_within_float_rounding(temperature: 
     "config",
     [
         SamplerConfig(temperature=0.8, top_p=0.9),
+        SamplerConfig(temperature=0.6, top_k=20, top_p=0.95),
         SamplerConfig(temperature=1.2, top_k=20, min_p=0.05),
         SamplerConfig(temperature=0.7, min_p=0.1),
         SamplerConfig(temperature=0.7, logit_bias={3: -100.0, 5: 4.0}, top_k=50),
+        SamplerConfig(temperature=0.9, top_k=1),
+        SamplerConfig(temperature=0.9, top_k=1999, top_p=0.5),
+        SamplerConfig(temperature=2.0, top_k=300, top_p=0.9, min_p=0.001),
+        SamplerConfig(temperature=1.0, top_k=7, top_p=1e-9),
+        SamplerConfig(temperature=1.0, top_k=40, top_p=0.999999),
     ],
 )
-def test_distribution_with_filters_and_bias_is_the_mlx_ops_bits(config: SamplerConfig) -> None:
+@pytest.mark.parametrize("ties", [False, True])
+def test_distribution_with_filters_and_bias_is_the_mlx_ops_bits(
+    config: SamplerConfig, ties: bool
+) -> None:
+    """The filters in the node: ties at the top-k and top-p boundaries (small integer
+    logits), k above the node's insertion buffer, a nucleus of one, a top_p near 1."""
     rng = np.random.default_rng(13)
-    logits = mx.array(_logits(rng, 3, 2000))
+    logits = _logits(rng, 3, 2000)
+    if ties:
+        logits = np.where(np.isfinite(logits), np.round(logits / 4.0), logits).astype(np.float32)
+    logits = mx.array(logits)
     want = mx_distribution_from_logits(logits, config)
     np.testing.assert_array_equal(_bits(distribution(logits, config)), _bits(want))
 
@@ -195,6 +209,7 @@ def _verdict_case(
 
 CONFIGS = [
     SamplerConfig(temperature=0.6),
+    SamplerConfig(temperature=0.6, top_k=20, top_p=0.95),
     SamplerConfig(temperature=1e-5),
     SamplerConfig(temperature=1e4),
     SamplerConfig(temperature=0.9, top_p=0.8),
@@ -210,7 +225,7 @@ def test_verdict_is_mx_verify_draft_tokens_ints(k: int, vocab: int) -> None:
     same p and uniforms, and against the NumPy reference on that p."""
     rng = np.random.default_rng(100 * k + vocab)
     counts = np.zeros(k + 1, int)
-    for trial in range(60 if vocab < 49152 else 12):
+    for trial in range(120 if vocab < 49152 else 14):
         config = CONFIGS[trial % len(CONFIGS)]
         logits, drafts, qs, uniforms = _verdict_case(rng, k, vocab, config)
         got = verify_sampled_row(logits, config, drafts, qs, uniforms, k, 2 * k)
