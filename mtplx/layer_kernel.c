@@ -484,6 +484,12 @@ typedef struct {
 
 static inline int kept_at(const kept_t *c, long j) { return c->p[j] > 0.0f && c->p[j] >= c->kth; }
 
+static long kept_zeros(const kept_t *c, long V) { /* tokens not kept: 0 after the renormalising */
+    long n = 0;
+    for (long j = 0; j < V; j++) n += !kept_at(c, j);
+    return n;
+}
+
 static void largest(const float *p, const kept_t *c, long n, int k, float *top, float *all) {
     if (k <= 256) {
         int filled = 0;
@@ -505,12 +511,47 @@ static void largest(const float *p, const kept_t *c, long n, int k, float *top, 
     memcpy(top, all, sizeof(float) * (size_t)k);
 }
 
+/* Top-p without top-k: the renormalised kept values in descending order (MLX sorts the whole
+ * row) are popped from a max-heap only until the mass before the next reaches top_p, since
+ * no later one can count (the masses never decrease): the value the nucleus ends at. The
+ * kept zeros come last, each with the whole mass before it. heap [V]: scratch. */
+static void sift_down(float *heap, long n, long at) {
+    for (;;) {
+        long big = at, left = 2 * at + 1, right = left + 1;
+        if (left < n && heap[left] > heap[big]) big = left;
+        if (right < n && heap[right] > heap[big]) big = right;
+        if (big == at) return;
+        const float t = heap[at];
+        heap[at] = heap[big];
+        heap[big] = t;
+        at = big;
+    }
+}
+
+static float nucleus_end(const float *p, const kept_t *c, long V, float top_p, float *heap) {
+    long n = 0;
+    for (long j = 0; j < V; j++)
+        if (kept_at(c, j)) heap[n++] = p[j] / c->scale;
+    for (long at = n / 2 - 1; at >= 0; at--) sift_down(heap, n, at);
+    float before = 0.0f, last = 0.0f;
+    int first = 1; /* the nucleus holds at least the first */
+    while (n > 0 && (before < top_p || first)) {
+        last = heap[0];
+        first = 0;
+        before += last;
+        heap[0] = heap[--n];
+        sift_down(heap, n, 0);
+    }
+    if (n == 0 && before < top_p && kept_zeros(c, V) > 0) return 0.0f;
+    return last;
+}
+
 /* mx_apply_top_p_top_k on one row p [V] in place, MLX's bits: top-k keeps p >= the k-th
- * largest; top-p (only with top-k here: the nucleus lies in the k largest) renormalises the
- * kept p by their sequential sum, takes the k largest, their exclusive sequential cumulative
- * sums, keeps p whose renormalised value is >= the last value whose mass before is below
- * top_p (at least the first); min-p keeps p >= min_p * max p; then p = kept / their
- * sequential sum, one division each. top [k] and all [V]: scratch. */
+ * largest; top-p renormalises the kept p by their sequential sum, takes them in descending
+ * order (the k largest with top-k), their exclusive sequential cumulative sums, keeps p whose
+ * renormalised value is >= the last value whose mass before is below top_p (at least the
+ * first); min-p keeps p >= min_p * max p; then p = kept / their sequential sum, one division
+ * each. top [k] and all [V]: scratch. */
 static void filter_row(float *p, long V, int top_k, float top_p, float min_p, float *top,
                        float *all) {
     const int use_top_k = 0 < top_k && top_k < V;
@@ -520,10 +561,13 @@ static void filter_row(float *p, long V, int top_k, float top_p, float min_p, fl
         c.kth = top[top_k - 1];
     }
     float threshold = 0.0f; /* keeps every kept p where no top-p */
-    if (use_top_k && top_p < 1.0f) {
+    if (top_p < 1.0f) {
         float mass = 0.0f;
         for (long j = 0; j < V; j++) mass += kept_at(&c, j) ? p[j] : 0.0f;
         c.scale = mass;
+    }
+    if (!use_top_k && top_p < 1.0f) threshold = nucleus_end(p, &c, V, top_p, all);
+    if (use_top_k && top_p < 1.0f) {
         largest(p, &c, V, top_k, top, all);
         float before = 0.0f;
         int count = 0;
@@ -544,11 +588,11 @@ static void filter_row(float *p, long V, int top_k, float top_p, float min_p, fl
     for (long j = 0; j < V; j++) p[j] = all[j] / total;
 }
 
-/* p [n, V] = softmax((logits - max) / T) per row, then filtered where top_k (0 < top_k < V)
- * or min_p (> 0) asks (top_p < 1 only with top_k); scratch: top_k + V floats. */
+/* p [n, V] = softmax((logits - max) / T) per row, then filtered where top_k (0 < top_k < V),
+ * top_p (< 1) or min_p (> 0) asks; scratch: top_k + V floats. */
 void mtplx_softmax_rows(const float *logits, long n, long V, float T, int top_k, float top_p,
                         float min_p, float *p, float *scratch) {
-    const int filter = (0 < top_k && top_k < V) || min_p > 0.0f;
+    const int filter = (0 < top_k && top_k < V) || top_p < 1.0f || min_p > 0.0f;
     for (long i = 0; i < n; i++) {
         softmax_row(logits + i * V, V, T, p + i * V);
         if (filter) filter_row(p + i * V, V, top_k, top_p, min_p, scratch, scratch + top_k);

@@ -1276,7 +1276,7 @@ float* sampling_scratch(int64_t V) {
 }
 
 // Input logits [..., V] float32 -> p [..., V] = softmax((logits - max) / T) per row, then
-// filtered by top-k (0 < top_k < V; with top-p where top_p < 1) and min-p (> 0):
+// filtered by top-k (0 < top_k < V), top-p (< 1) and min-p (> 0):
 // sampling.mx_distribution_from_logits' max, shift, division, softmax and filters, one node.
 class SampledDistribution : public mx::UnaryPrimitive {
  public:
@@ -1330,8 +1330,6 @@ mx::array sampled_distribution(const mx::array& logits, float temperature, int t
   if (logits.ndim() < 1 || logits.shape(-1) < 1 || !(temperature > 0.0f))
     throw std::invalid_argument("sampled_distribution: logits [..., V], temperature > 0");
   const bool use_top_k = 0 < top_k && top_k < logits.shape(-1);
-  if (top_p < 1.0f && !use_top_k)
-    throw std::invalid_argument("sampled_distribution: top-p only with top-k");
   auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array(logits.shape(), mx::float32,
                    std::make_shared<SampledDistribution>(stream, temperature,

@@ -532,17 +532,12 @@ def distribution(
     mask: mx.array | None = None,
 ) -> mx.array:
     """``mx_distribution_from_logits``'s bits with its max, shift, division, softmax and
-    filters in one node (``sampling_kernel``) where the kernel serves. top-p without top-k
-    (a sort of the whole row) stays MLX's ops after the node."""
+    filters in one node (``sampling_kernel``) where the kernel serves."""
     kernel = sampling_kernel()
     if kernel is None or config.is_greedy:
         return mx_distribution_from_logits(logits, config, token_counts, mask)
     biased = _biased(logits, config, token_counts, mask)
-    probs: mx.array
-    if config.top_p < 1.0 and not 0 < config.top_k < logits.shape[-1]:
-        probs = kernel.sampled_distribution(biased, config.temperature)
-        return mx_apply_top_p_top_k(probs, config.top_p, config.top_k, config.min_p)
-    probs = kernel.sampled_distribution(
+    probs: mx.array = kernel.sampled_distribution(
         biased, config.temperature, config.top_k, config.top_p, config.min_p
     )
     return probs

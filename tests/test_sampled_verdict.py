@@ -123,6 +123,11 @@ def test_distribution_is_the_numpy_reference_within_float_rounding(temperature: 
         SamplerConfig(temperature=2.0, top_k=300, top_p=0.9, min_p=0.001),
         SamplerConfig(temperature=1.0, top_k=7, top_p=1e-9),
         SamplerConfig(temperature=1.0, top_k=40, top_p=0.999999),
+        SamplerConfig(temperature=0.6, top_p=0.95),
+        SamplerConfig(temperature=1.0, top_p=1e-9),
+        SamplerConfig(temperature=1.0, top_p=1e-60),
+        SamplerConfig(temperature=1.0, top_p=0.99999994),
+        SamplerConfig(temperature=0.8, top_p=0.5, min_p=0.01),
     ],
 )
 @pytest.mark.parametrize("ties", [False, True])
@@ -213,6 +218,7 @@ CONFIGS = [
     SamplerConfig(temperature=1e-5),
     SamplerConfig(temperature=1e4),
     SamplerConfig(temperature=0.9, top_p=0.8),
+    SamplerConfig(temperature=0.9, top_p=0.99999994),
     SamplerConfig(temperature=1.1, top_k=5, min_p=0.02),
     SamplerConfig(temperature=0.8, logit_bias={1: -100.0}),
 ]
