@@ -11,7 +11,9 @@ One process, one loaded model (the default one), one engine, the process's
 - ``mtp@1 after``: the same cycles as the working tree runs them;
 - ``verify only``: depth-1 cycles whose draft is a constant token drawn by the drafter's
   sampler from constant logits (no head step, no head bookkeeping): the trunk's verify of 2
-  tokens and the cycle's own bookkeeping.
+  tokens and the cycle's own bookkeeping;
+- ``plain before``, ``verify only before``: those two with the ``--switch`` attributes taken
+  from ``--before``.
 
 A switch is ``path:attribute`` or ``path:Class.method``: ``mtplx/speculative.py:verify``
 replaces ``mtplx.speculative.verify`` (callers that look it up in that module get the old
@@ -61,6 +63,8 @@ from mtplx.sampling import SamplerConfig  # noqa: E402
 
 PROMPT = "Explain why the sky is blue in two sentences."
 KINDS = ("plain", "mtp@1 before", "mtp@1 after", "verify only")
+# Also accepted by --kinds: the plain and verify-only steps with the switches from --before.
+MORE_KINDS = ("plain before", "verify only before")
 
 
 def old_module(commit: str, path: str) -> ModuleType:
@@ -124,12 +128,12 @@ class Switch:
         self.drafter.update({n: mtp.MTPDrafter.__dict__[n] for n in ("commit", "settle")})
 
     def set(self, code: str) -> None:
-        """``after``, ``before`` or ``verify only``."""
+        """``after``, ``before``, ``verify only`` or ``verify only before``."""
         for owner, name, after, before in self.places:
-            setattr(owner, name, before if code == "before" else after)
+            setattr(owner, name, before if code.endswith("before") else after)
         for name, method in self.drafter.items():
             setattr(mtp.MTPDrafter, name, method)
-        if code == "verify only":
+        if code.startswith("verify only"):
             mtp.MTPDrafter.propose_batch = _constant_propose  # type: ignore[method-assign]
             for name in ("commit", "commit_lazy", "settle"):
                 setattr(mtp.MTPDrafter, name, lambda self, *a: None)
@@ -146,6 +150,12 @@ def add(
 ) -> None:
     """Queue the benchmark's request (``drafter`` at ``depth``; ``none``, 0: plain), greedy
     at ``temperature`` 0, else sampled with a fixed seed (and ``top_p``, ``top_k``)."""
+FILTERS: dict[str, float] = {}  # --top-k / --top-p of a sampled request
+
+
+def add(engine: Engine, drafter: str, depth: int, tokens: int, temperature: float) -> None:
+    """Queue the benchmark's request (``drafter`` at ``depth``; ``none``, 0: plain), greedy
+    at ``temperature`` 0, else sampled with a fixed seed (and ``FILTERS``)."""
     ids = list(
         engine.tokenizer.apply_chat_template(
             [{"role": "user", "content": PROMPT}], add_generation_prompt=True
@@ -159,6 +169,9 @@ def add(
                 top_p=top_p,
                 top_k=top_k,
                 seed=0 if temperature else None,
+                seed=0 if temperature else None,
+                top_k=int(FILTERS.get("top_k", 0)) if temperature else 0,
+                top_p=FILTERS.get("top_p", 1.0) if temperature else 1.0,
             ),
             max_tokens=tokens,
             ignore_eos=True,
@@ -204,6 +217,8 @@ def report(results: dict[str, list[tuple[float, float, float]]]) -> None:
     print("|---|---|---|---|")
     pairs_of = [(n, "plain") for n in ("mtp@1 before", "mtp@1 after", "verify only")]
     pairs_of.append(("mtp@1 after", "mtp@1 before"))
+    pairs_of += [("mtp@1 before", "plain before"), ("verify only before", "plain before")]
+    pairs_of += [("plain", "plain before"), ("verify only", "verify only before")]
     for a, b in pairs_of:
         if a not in results or b not in results:
             continue
@@ -225,21 +240,29 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0, help="sampled requests' top_p")
     parser.add_argument("--top-k", type=int, default=0, help="sampled requests' top_k (0: off)")
+    parser.add_argument("--top-k", type=int, default=0, help="with --temperature (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature")
     parser.add_argument("--before", default="HEAD")
     parser.add_argument(
         "--switch", action="append", default=[], help="path:attribute[=path:attribute]"
     )
-    parser.add_argument("--kinds", default=",".join(KINDS), help="a comma list of " + str(KINDS))
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help="a comma list of " + str(KINDS + MORE_KINDS)
+    )
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
+    FILTERS.update(top_k=args.top_k, top_p=args.top_p)
     switch = Switch(args.before, args.switch)
     engine = Engine(load(ensure_default_model("native")))
     engine.warm_up()
     spec = {"plain": ("none", 0, "after"), "mtp@1 before": ("mtp", 1, "before")}
     spec.update({"mtp@1 after": ("mtp", 1, "after"), "verify only": ("mtp", 1, "verify only")})
+    spec.update({"plain before": ("none", 0, "before")})
+    spec.update({"verify only before": ("mtp", 1, "verify only before")})
     print(
         f"activations: {activations_format()}; before: {args.before}; switch: {args.switch}; "
         f"temperature: {args.temperature}, top_p: {args.top_p}, top_k: {args.top_k}"
+        f"temperature: {args.temperature}; top_k {args.top_k}, top_p {args.top_p}"
     )
     print(f"load before: {os.getloadavg()}")
     results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in kinds}

@@ -398,3 +398,272 @@ int mtplx_head_out(const float *x, int n, int H, const float *w, float eps, cons
     release(rows);
     return status;
 }
+
+/* -- sampling: a temperature's softmax, the filters, the inverse-CDF draw, the exact verdict --
+ * mtplx.sampling's sampled path (mx_distribution_from_logits' softmax and top-k / top-p /
+ * min-p filters, mx_sample, mx_verify_draft_tokens) one call each, every step MLX's CPU operation in MLX's order, so the
+ * bits are MLX's ops' (tests/test_sampling_kernel.py compares them bitwise):
+ * - p = softmax((l - max l) / T): the max; s_j = (l_j - max) / T, two roundings; then MLX's
+ *   CPU softmax of s at its scalar SIMD width on x86: M = max s, e_j = exp(s_j - M) with MLX's
+ *   exp (mlx_exp, LW lanes at a time through mlx_exp_lanes: the same bits), a sequential
+ *   float sum of the e_j from 0, r = 1 / sum, p_j = e_j * r. Where MLX spends ~16 ns an
+ *   element in its scalar exp, the lanes take ~1.
+ * - a draw: cumulative sums sequential from the first weight (MLX's CPU scan); the token is
+ *   the number of sums <= u * total (the sums never decrease, so the first that exceeds it;
+ *   a NaN stays NaN and exceeds nothing), or the last positive weight where that is all V.
+ * - the verdict: draft i accepted while q_i(x) > 0 and u_i < p_i(x) / q_i(x) (one float
+ *   division); then a draw from max(p - q, 0) at the first rejected position (from p where
+ *   that has no mass), or from p after the last draft.
+ * Each row on its own: a row's bits never depend on the others, nor on how many there are. */
+
+/* max over n floats, a NaN above all (MLX's max reduction); order-free: the ±0 a tie of
+ * zeros may give changes nothing downstream (x - ±0 and exp of ±0 agree). */
+static float row_max(const float *x, long n) {
+    float m = -INFINITY;
+    long j = 0;
+#if defined(__FMA__) || defined(__AVX512F__)
+    if (n >= LW) {
+        lvf vm = lsplat(-INFINITY);
+        lvi nan = (lvi){0};
+        for (; j + LW <= n; j += LW) {
+            lvf v;
+            memcpy(&v, x + j, sizeof v);
+            vm = lselect(v > vm, v, vm);
+            nan |= v != v;
+        }
+        for (int t = 0; t < LW; t++) {
+            if (nan[t]) return NAN;
+            m = vm[t] > m ? vm[t] : m;
+        }
+    }
+#endif
+    for (; j < n; j++) {
+        if (x[j] != x[j]) return x[j];
+        m = x[j] > m ? x[j] : m;
+    }
+    return m;
+}
+
+/* One row: p [V] = softmax((l - max l) / T), MLX's bits (see above). */
+static void softmax_row(const float *l, long V, float T, float *p) {
+    const float m = row_max(l, V);
+    for (long j = 0; j < V; j++) p[j] = (l[j] - m) / T; /* vectorised by the compiler: exact */
+    const float top = row_max(p, V);
+    float sum = 0.0f;
+    long j = 0;
+#if defined(__FMA__) || defined(__AVX512F__)
+    for (; j + LW <= V; j += LW) {
+        lvf v;
+        memcpy(&v, p + j, sizeof v);
+        const lvf e = mlx_exp_lanes(v - lsplat(top));
+        memcpy(p + j, &e, sizeof e);
+        for (int t = 0; t < LW; t++) sum += e[t]; /* in index order: MLX's sequential sum */
+    }
+#endif
+    for (; j < V; j++) {
+        p[j] = mlx_exp(p[j] - top);
+        sum += p[j];
+    }
+    const float r = 1.0f / sum;
+    for (j = 0; j < V; j++) p[j] *= r;
+}
+
+/* The k largest of n values f(j) (k <= n), counted with their repeats, into top [k] in
+ * descending order: an insertion into a sorted buffer where k is small (a value below the
+ * buffer's least is one comparison), a sort of all n values otherwise. */
+static int descending(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+typedef struct {
+    const float *p;
+    float kth;   /* keep p_j >= kth (top-k), -1: no top-k */
+    float scale; /* the kept mass: values p_j / scale */
+} kept_t;
+
+static inline int kept_at(const kept_t *c, long j) { return c->p[j] > 0.0f && c->p[j] >= c->kth; }
+
+static long kept_zeros(const kept_t *c, long V) { /* tokens not kept: 0 after the renormalising */
+    long n = 0;
+    for (long j = 0; j < V; j++) n += !kept_at(c, j);
+    return n;
+}
+
+static void largest(const float *p, const kept_t *c, long n, int k, float *top, float *all) {
+    if (k <= 256) {
+        int filled = 0;
+        for (long j = 0; j < n; j++) {
+            const float v = c == NULL ? p[j] : (kept_at(c, j) ? p[j] : 0.0f) / c->scale;
+            if (filled == k && !(v > top[k - 1])) continue;
+            int at = filled < k ? filled++ : k - 1;
+            while (at > 0 && top[at - 1] < v) {
+                top[at] = top[at - 1];
+                at--;
+            }
+            top[at] = v;
+        }
+        return;
+    }
+    for (long j = 0; j < n; j++)
+        all[j] = c == NULL ? p[j] : (kept_at(c, j) ? p[j] : 0.0f) / c->scale;
+    qsort(all, (size_t)n, sizeof(float), descending);
+    memcpy(top, all, sizeof(float) * (size_t)k);
+}
+
+/* Top-p without top-k: the renormalised kept values in descending order (MLX sorts the whole
+ * row) are popped from a max-heap only until the mass before the next reaches top_p, since
+ * no later one can count (the masses never decrease): the value the nucleus ends at. The
+ * kept zeros come last, each with the whole mass before it. heap [V]: scratch. */
+static void sift_down(float *heap, long n, long at) {
+    for (;;) {
+        long big = at, left = 2 * at + 1, right = left + 1;
+        if (left < n && heap[left] > heap[big]) big = left;
+        if (right < n && heap[right] > heap[big]) big = right;
+        if (big == at) return;
+        const float t = heap[at];
+        heap[at] = heap[big];
+        heap[big] = t;
+        at = big;
+    }
+}
+
+static float nucleus_end(const float *p, const kept_t *c, long V, float top_p, float *heap) {
+    long n = 0;
+    for (long j = 0; j < V; j++)
+        if (kept_at(c, j)) heap[n++] = p[j] / c->scale;
+    for (long at = n / 2 - 1; at >= 0; at--) sift_down(heap, n, at);
+    float before = 0.0f, last = 0.0f;
+    int first = 1; /* the nucleus holds at least the first */
+    while (n > 0 && (before < top_p || first)) {
+        last = heap[0];
+        first = 0;
+        before += last;
+        heap[0] = heap[--n];
+        sift_down(heap, n, 0);
+    }
+    if (n == 0 && before < top_p && kept_zeros(c, V) > 0) return 0.0f;
+    return last;
+}
+
+/* mx_apply_top_p_top_k on one row p [V] in place, MLX's bits: top-k keeps p >= the k-th
+ * largest; top-p renormalises the kept p by their sequential sum, takes them in descending
+ * order (the k largest with top-k), their exclusive sequential cumulative sums, keeps p whose
+ * renormalised value is >= the last value whose mass before is below top_p (at least the
+ * first); min-p keeps p >= min_p * max p; then p = kept / their sequential sum, one division
+ * each. top [k] and all [V]: scratch. */
+static void filter_row(float *p, long V, int top_k, float top_p, float min_p, float *top,
+                       float *all) {
+    const int use_top_k = 0 < top_k && top_k < V;
+    kept_t c = {p, -1.0f, 1.0f};
+    if (use_top_k) {
+        largest(p, NULL, V, top_k, top, all);
+        c.kth = top[top_k - 1];
+    }
+    float threshold = 0.0f; /* keeps every kept p where no top-p */
+    if (top_p < 1.0f) {
+        float mass = 0.0f;
+        for (long j = 0; j < V; j++) mass += kept_at(&c, j) ? p[j] : 0.0f;
+        c.scale = mass;
+    }
+    if (!use_top_k && top_p < 1.0f) threshold = nucleus_end(p, &c, V, top_p, all);
+    if (use_top_k && top_p < 1.0f) {
+        largest(p, &c, V, top_k, top, all);
+        float before = 0.0f;
+        int count = 0;
+        for (int i = 0; i < top_k; i++) {
+            count += before < top_p;
+            before += top[i];
+        }
+        threshold = top[(count > 1 ? count : 1) - 1];
+    }
+    const float floor_p = min_p > 0.0f ? min_p * row_max(p, V) : 0.0f;
+    float total = 0.0f;
+    for (long j = 0; j < V; j++) {
+        int keep = kept_at(&c, j) && (kept_at(&c, j) ? p[j] : 0.0f) / c.scale >= threshold;
+        if (min_p > 0.0f) keep = keep && p[j] >= floor_p;
+        all[j] = keep ? p[j] : 0.0f;
+        total += all[j];
+    }
+    for (long j = 0; j < V; j++) p[j] = all[j] / total;
+}
+
+/* p [n, V] = softmax((logits - max) / T) per row, then filtered where top_k (0 < top_k < V),
+ * top_p (< 1) or min_p (> 0) asks; scratch: top_k + V floats. */
+void mtplx_softmax_rows(const float *logits, long n, long V, float T, int top_k, float top_p,
+                        float min_p, float *p, float *scratch) {
+    const int filter = (0 < top_k && top_k < V) || top_p < 1.0f || min_p > 0.0f;
+    for (long i = 0; i < n; i++) {
+        softmax_row(logits + i * V, V, T, p + i * V);
+        if (filter) filter_row(p + i * V, V, top_k, top_p, min_p, scratch, scratch + top_k);
+    }
+}
+
+/* The weight of token j: p_j, or max(p_j - q_j, 0) (MLX's maximum: a NaN stays). */
+static inline float weight(const float *p, const float *q, long j) {
+    if (q == NULL) return p[j];
+    const float r = p[j] - q[j];
+    return r != r ? r : r > 0.0f ? r : 0.0f;
+}
+
+/* The sequential sum of the weights: the last inclusive cumulative sum. */
+static float weight_total(const float *p, const float *q, long V) {
+    float c = 0.0f;
+    for (long j = 0; j < V; j++) c += weight(p, q, j);
+    return c;
+}
+
+/* mx_sample's token from the weights (total: weight_total's) and the uniform u. */
+static int32_t draw(const float *p, const float *q, long V, float total, float u) {
+    const float threshold = u * total;
+    float c = 0.0f;
+    for (long j = 0; j < V; j++) {
+        c += weight(p, q, j);
+        if (!(c <= threshold)) return (int32_t)j;
+    }
+    for (long j = V - 1; j >= 0; j--) /* u rounded up to the total: the last live token */
+        if (weight(p, q, j) > 0.0f) return (int32_t)j;
+    return (int32_t)(V - 1);
+}
+
+/* tokens [n]: a draw from each row of the weights w [n, V] with its uniform u [n]. */
+void mtplx_draw_rows(const float *w, long n, long V, const float *u, int32_t *tokens) {
+    for (long i = 0; i < n; i++) {
+        const float *row = w + i * V;
+        tokens[i] = draw(row, NULL, V, weight_total(row, NULL, V), u[i]);
+    }
+}
+
+/* The exact rule over one row's k drafts: x [k + 1, V] (p where T <= 0, else logits whose
+ * softmax((x - max x) / T) is p, each row's computed into scratch [V] only when the verdict
+ * reaches it), drafts [k], qs: each draft position's q [V], accept_u [k], sample_u -> tokens [k + 1]
+ * (the accepted drafts, the recovered or bonus token, -1 after); returns the accepted
+ * count, or -1 for a draft outside the vocabulary. */
+int mtplx_sampled_verdict(const float *x, long V, int k, float T, const int32_t *drafts,
+                          const float *const *qs, const float *accept_u, float sample_u,
+                          float *scratch, int32_t *tokens) {
+    int count = 0;
+    const float *p = x;
+    for (;; count++) {
+        p = x + (long)count * V;
+        if (T > 0.0f) {
+            softmax_row(p, V, T, scratch);
+            p = scratch;
+        }
+        if (count == k) break;
+        const int32_t token = drafts[count];
+        if (token < 0 || token >= V) return -1;
+        const float q = qs[count][token];
+        if (!(q > 0.0f && accept_u[count] < p[token] / q)) break;
+        tokens[count] = token;
+    }
+    const float *q = count < k ? qs[count] : NULL;
+    float total = weight_total(p, q, V);
+    if (!(total > 0.0f) && q != NULL) { /* no residual mass: p itself */
+        q = NULL;
+        total = weight_total(p, NULL, V);
+    }
+    tokens[count] = draw(p, q, V, total, sample_u);
+    for (int i = count + 1; i <= k; i++) tokens[i] = -1;
+    return count;
+}

@@ -13,7 +13,7 @@ from mtplx.cycle import CycleResult
 from mtplx.engine_state import EngineState
 from mtplx.events import prompt_logprobs
 from mtplx.models.rows import RowOutput
-from mtplx.sampling import mx_distribution_from_logits, mx_sample
+from mtplx.sampling import sample_logits
 from mtplx.sequence import Sequence, Status
 from mtplx.speculative import cycle_uniforms
 
@@ -74,9 +74,8 @@ class Prefill(EngineState):
             allowed = grammar.allowed()
             mask = None if allowed is None else mx.array(allowed)[None]
         logits = output.asked_logits()
-        probs = mx_distribution_from_logits(logits, sequence.config, counts, mask)
         uniform = cycle_uniforms(sequence.seed, sequence.num_prompt_tokens, 0)
-        token = scalar_int(mx_sample(probs, uniform))
+        token = scalar_int(sample_logits(logits, sequence.config, uniform, counts, mask))
         committed = [token]
         if grammar is not None:
             if grammar.finished:  # a grammar that allows only the empty text

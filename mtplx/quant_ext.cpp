@@ -71,18 +71,41 @@ int mtplx_head_out(const float* x, int n, int H, const float* w, float eps, cons
                    int R, const mtplx_qweight* head, float* logits, float* normed);
 void mtplx_layer_swiglu(const float* gate_up, int n, int I, float* out);
 float mtplx_layer_exp(float x);
+void mtplx_softmax_rows(const float* logits, long n, long V, float T, int top_k, float top_p,
+                        float min_p, float* p, float* scratch);
+void mtplx_draw_rows(const float* w, long n, long V, const float* u, int32_t* tokens);
+int mtplx_sampled_verdict(const float* x, long V, int k, float T, const int32_t* drafts,
+                          const float* const* qs, const float* accept_u, float sample_u,
+                          float* scratch, int32_t* tokens);
 }
 
 namespace {
 
 // a's elements in row-major order: its own data when it is row-contiguous, else a copy
-// gathered through its strides into scratch.
+// gathered through its strides into scratch (whole rows at a time where the last dimension
+// is dense, as a slice of rows or a broadcast row is: an element at a time, a vocabulary
+// row's copy showed in profiles).
 const void* dense(const mx::array& a, std::vector<char>& scratch) {
   if (a.flags().row_contiguous) return a.data<void>();
   const size_t item = a.itemsize();
   scratch.resize(a.size() * item);
   const char* src = a.data<char>();
   const int ndim = static_cast<int>(a.ndim());
+  if (ndim >= 1 && a.strides()[ndim - 1] == 1 && a.shape(ndim - 1) > 0) {
+    const int64_t width = a.shape(ndim - 1);
+    std::vector<int64_t> index(ndim - 1, 0);
+    for (size_t row = 0; row < a.size() / width; row++) {
+      int64_t at = 0;
+      for (int d = 0; d < ndim - 1; d++) at += index[d] * a.strides()[d];
+      std::memcpy(scratch.data() + row * width * item, src + at * static_cast<int64_t>(item),
+                  width * item);
+      for (int d = ndim - 2; d >= 0; d--) {  // the next row, the last leading dimension fastest
+        if (++index[d] < a.shape(d)) break;
+        index[d] = 0;
+      }
+    }
+    return scratch.data();
+  }
   std::vector<int64_t> index(ndim, 0);
   for (size_t i = 0; i < a.size(); i++) {
     int64_t at = 0;
@@ -1243,6 +1266,203 @@ std::vector<mx::array> verdict_counts(const mx::array& num_accepted,
                                  mx::astype(output_tokens, mx::int32, stream)});
 }
 
+// The sampled path's nodes (layer_kernel.c's sampling section: MLX's ops' bits). A row's
+// scratch p [V] is this thread's, kept between calls (a vocabulary's row is ~200 KB: a fresh
+// allocation a call is an mmap and its page faults).
+float* sampling_scratch(int64_t V) {
+  thread_local std::vector<float> kept;
+  if (static_cast<int64_t>(kept.size()) < V) kept.resize(V);
+  return kept.data();
+}
+
+// Input logits [..., V] float32 -> p [..., V] = softmax((logits - max) / T) per row, then
+// filtered by top-k (0 < top_k < V), top-p (< 1) and min-p (> 0):
+// sampling.mx_distribution_from_logits' max, shift, division, softmax and filters, one node.
+class SampledDistribution : public mx::UnaryPrimitive {
+ public:
+  SampledDistribution(mx::Stream stream, float temperature, int top_k, float top_p, float min_p)
+      : mx::UnaryPrimitive(stream),
+        temperature_(temperature),
+        top_k_(top_k),
+        top_p_(top_p),
+        min_p_(min_p) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
+    output.set_data(mx::allocator::malloc(output.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(inputs[0]);
+    encoder.set_output_array(output);
+    encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                      y = mx::array::unsafe_weak_copy(output), t = temperature_, k = top_k_,
+                      top_p = top_p_, min_p = min_p_]() mutable {
+      std::vector<char> xd;
+      const float* logits = static_cast<const float*>(dense(x, xd));
+      const int64_t V = x.shape(-1);
+      mtplx_softmax_rows(logits, static_cast<long>(x.size() / V), static_cast<long>(V), t, k,
+                         top_p, min_p, y.data<float>(), sampling_scratch(V + (k > 0 ? k : 0)));
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("the mtplx sampled distribution runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXSampledDistribution"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const SampledDistribution*>(&other);
+    return o != nullptr && o->temperature_ == temperature_ && o->top_k_ == top_k_ &&
+           o->top_p_ == top_p_ && o->min_p_ == min_p_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  float temperature_;
+  int top_k_;
+  float top_p_, min_p_;
+};
+
+mx::array sampled_distribution(const mx::array& logits, float temperature, int top_k,
+                               float top_p, float min_p) {
+  if (logits.ndim() < 1 || logits.shape(-1) < 1 || !(temperature > 0.0f))
+    throw std::invalid_argument("sampled_distribution: logits [..., V], temperature > 0");
+  const bool use_top_k = 0 < top_k && top_k < logits.shape(-1);
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array(logits.shape(), mx::float32,
+                   std::make_shared<SampledDistribution>(stream, temperature,
+                                                         use_top_k ? top_k : 0, top_p, min_p),
+                   {mx::astype(logits, mx::float32, stream)});
+}
+
+// Inputs weights [B, V] float32, uniforms [B] float32 -> tokens [B] int32: sampling.mx_sample's
+// ints.
+class SampledDraw : public mx::UnaryPrimitive {
+ public:
+  explicit SampledDraw(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
+    output.set_data(mx::allocator::malloc(output.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& input : inputs) encoder.set_input_array(input);
+    encoder.set_output_array(output);
+    std::vector<mx::array> in = weak_copies(inputs);
+    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output)]() mutable {
+      std::vector<char> wd, ud;
+      const float* w = static_cast<const float*>(dense(in[0], wd));
+      const float* u = static_cast<const float*>(dense(in[1], ud));
+      const int64_t V = in[0].shape(-1);
+      mtplx_draw_rows(w, static_cast<long>(in[0].size() / V), static_cast<long>(V), u,
+                      y.data<int32_t>());
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("the mtplx sampled draw runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXSampledDraw"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return dynamic_cast<const SampledDraw*>(&other) != nullptr;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {{inputs[1].shape(0)}};
+  }
+};
+
+mx::array sampled_draw(const mx::array& weights, const mx::array& uniforms) {
+  if (weights.ndim() != 2 || weights.shape(1) < 1 || uniforms.ndim() != 1 ||
+      uniforms.shape(0) != weights.shape(0))
+    throw std::invalid_argument("sampled_draw: weights [B, V], uniforms [B]");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array({weights.shape(0)}, mx::int32, std::make_shared<SampledDraw>(stream),
+                   {mx::astype(weights, mx::float32, stream),
+                    mx::astype(uniforms, mx::float32, stream)});
+}
+
+// Inputs x [n, V] float32 (p, or logits at temperature > 0), drafts [k] int32 (k = n - 1),
+// uniforms [U] float32 (u_i = uniforms[accept_at + i], the draw's uniforms[sample_at]), then
+// each draft position's q [V] -> num_accepted [1] int32, output_tokens [1, n] int32:
+// sampling.mx_verify_draft_tokens' ints for one row.
+class SampledVerdict : public mx::Primitive {
+ public:
+  SampledVerdict(mx::Stream stream, float temperature, int accept_at, int sample_at)
+      : mx::Primitive(stream),
+        temperature_(temperature),
+        accept_at_(accept_at),
+        sample_at_(sample_at) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& input : inputs) encoder.set_input_array(input);
+    for (auto& out : outputs) encoder.set_output_array(out);
+    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
+    encoder.dispatch([in = std::move(in), out = std::move(out), t = temperature_,
+                      accept_at = accept_at_, sample_at = sample_at_]() mutable {
+      std::vector<char> xd, dd, ud;
+      const float* x = static_cast<const float*>(dense(in[0], xd));
+      const int64_t V = in[0].shape(-1);
+      const int k = static_cast<int>(in[0].shape(0)) - 1;
+      const int32_t* drafts = k ? static_cast<const int32_t*>(dense(in[1], dd)) : nullptr;
+      const float* u = static_cast<const float*>(dense(in[2], ud));
+      std::vector<std::vector<char>> qd(k);
+      std::vector<const float*> qs(k);
+      for (int i = 0; i < k; i++) qs[i] = static_cast<const float*>(dense(in[3 + i], qd[i]));
+      const int count = mtplx_sampled_verdict(
+          x, static_cast<long>(V), k, t, drafts, qs.data(), u + accept_at, u[sample_at],
+          t > 0.0f ? sampling_scratch(V) : nullptr, out[1].data<int32_t>());
+      if (count < 0) throw std::runtime_error("sampled_verdict: a draft outside the vocabulary");
+      *out[0].data<int32_t>() = count;
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("the mtplx sampled verdict runs on the CPU only");
+  }
+
+  const char* name() const override { return "MTPLXSampledVerdict"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto* o = dynamic_cast<const SampledVerdict*>(&other);
+    return o != nullptr && o->temperature_ == temperature_ && o->accept_at_ == accept_at_ &&
+           o->sample_at_ == sample_at_;
+  }
+
+ private:
+  float temperature_;
+  int accept_at_, sample_at_;
+};
+
+std::vector<mx::array> sampled_verdict(const mx::array& x, const mx::array& drafts,
+                                       const mx::array& uniforms, const std::vector<mx::array>& qs,
+                                       float temperature, int accept_at, int sample_at) {
+  if (x.ndim() != 2 || x.shape(0) < 1 || x.shape(1) < 1)
+    throw std::invalid_argument("sampled_verdict: x [k + 1, V]");
+  const int n = static_cast<int>(x.shape(0)), k = n - 1;
+  const int64_t V = x.shape(1);
+  if (static_cast<int>(drafts.size()) != k || static_cast<int>(qs.size()) != k)
+    throw std::invalid_argument("sampled_verdict: k drafts and k q rows for x [k + 1, V]");
+  for (const auto& q : qs)
+    if (static_cast<int64_t>(q.size()) != V)
+      throw std::invalid_argument("sampled_verdict: each q [V]");
+  const int64_t U = uniforms.size();
+  if (accept_at < 0 || sample_at < 0 || accept_at + k > U || sample_at >= U)
+    throw std::invalid_argument("sampled_verdict: the uniforms' offsets outside them");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  std::vector<mx::array> inputs = {mx::astype(x, mx::float32, stream),
+                                   mx::astype(drafts, mx::int32, stream),
+                                   mx::astype(uniforms, mx::float32, stream)};
+  for (const auto& q : qs) inputs.push_back(mx::astype(q, mx::float32, stream));
+  return mx::array::make_arrays(
+      {{1}, {1, n}}, {mx::int32, mx::int32},
+      std::make_shared<SampledVerdict>(stream, temperature, accept_at, sample_at), inputs);
+}
+
 // For tests: layer_kernel.c's elementwise pieces on evaluated float32 arrays.
 mx::array rms_norm_reference(const mx::array& x, const mx::array& w, float eps) {
   mx::array xc = mx::contiguous(mx::astype(x, mx::float32));
@@ -1337,6 +1557,15 @@ NB_MODULE(_mtplx_quant, m) {
   m.def("verdict_counts", &verdict_counts, nb::arg("num_accepted"), nb::arg("output_tokens"),
         "A one-row verdict's counts in one lazy node: num_accepted [1], output_tokens [1, n] "
         "-> [num_rejected [], num_valid [], tokens [n], last [1]] int32.");
+  m.def("sampled_distribution", &sampled_distribution, nb::arg("logits"),
+        nb::arg("temperature"), nb::arg("top_k") = 0, nb::arg("top_p") = 1.0f,
+        nb::arg("min_p") = 0.0f,
+        "softmax((logits - max) / T) per row, then top-k (top-p with it) and min-p, one node");
+  m.def("sampled_draw", &sampled_draw, nb::arg("weights"), nb::arg("uniforms"),
+        "inverse-CDF draw per row of weights [B, V] with uniforms [B], one node");
+  m.def("sampled_verdict", &sampled_verdict, nb::arg("x"), nb::arg("drafts"), nb::arg("uniforms"),
+        nb::arg("qs"), nb::arg("temperature"), nb::arg("accept_at"), nb::arg("sample_at"),
+        "one row's exact sampled verdict, lazily, one node");
   m.def("rms_norm_reference", &rms_norm_reference, nb::arg("x"), nb::arg("w"), nb::arg("eps"));
   m.def("swiglu_reference", &swiglu_reference, nb::arg("gate_up"));
   m.def("layer_exp", [](float x) { return mtplx_layer_exp(x); }, nb::arg("x"));

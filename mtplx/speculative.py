@@ -46,10 +46,9 @@ from mtplx.models.rows import BatchedTarget, RowOutput
 from mtplx.sampling import (
     SamplerConfig,
     mx_apply_penalties,
-    mx_distribution_from_logits,
-    mx_sample,
-    mx_verify_draft_tokens,
     mx_verify_greedy,
+    sample_logits,
+    verify_sampled_row,
 )
 from mtplx.sequence import Sequence
 
@@ -101,9 +100,8 @@ def queue_plain(sequence: Sequence, output: RowOutput, fed_ahead: bool = False) 
     with the uniforms ``verify`` at depth 0 would use there. ``fed_ahead``: the row fed a
     queued forward's draw. Needs no penalties."""
     index = _fed_position(sequence, fed_ahead)
-    logits = output.asked_logits()
-    probs = mx_distribution_from_logits(logits, sequence.config)  # [1, V]
-    sample = mx_sample(probs, cycle_uniforms(sequence.seed, index + 1, 0)).astype(mx.int32)
+    logits = output.asked_logits()  # [1, V]
+    sample = sample_logits(logits, sequence.config, cycle_uniforms(sequence.seed, index + 1, 0))
     return Ahead(logits, output.hidden, sample)
 
 
@@ -135,8 +133,7 @@ def queue_plain_rows(
                 sequence = sequences[i]
                 index = _fed_position(sequence, fed_ahead[i])
                 uniforms[slot] = cycle_uniforms_np(sequence.seed, index + 1, 0)[0]
-            probs = mx_distribution_from_logits(stacked, config)
-            drawn = mx_sample(probs, mx.array(uniforms)).astype(mx.int32)
+            drawn = sample_logits(stacked, config, mx.array(uniforms))
         for slot, i in enumerate(members):
             samples[i] = drawn[slot : slot + 1]
     return [
@@ -203,21 +200,18 @@ def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.arra
         if fused_layer.available():  # one node where MLX's ops are 9
             return fused_layer.greedy_verdict(logits, draft.tokens)
         return mx_verify_greedy(logits[None], draft.tokens[None])  # [1, k+1, V]
-    target_probs = mx_distribution_from_logits(
+    # One node where the kernel serves (``sampling.verify_sampled_row``), where MLX's ops
+    # are ~20 over [k+1, V].
+    return verify_sampled_row(
         target_logits,
         sequence.config,
+        draft.tokens,
+        draft.qs[:k],
+        draft.uniforms,
+        planned,
+        2 * planned,
         position_counts(sequence.token_counts, draft.tokens),
         grammar_masks(sequence, draft, target_logits.shape[-1]),
-    )  # [k+1, V]
-    draft_probs = (
-        mx.stack(draft.qs)[None] if k else mx.zeros((1, 0, target_probs.shape[-1]), mx.float32)
-    )
-    return mx_verify_draft_tokens(
-        target_probs[None],
-        draft_probs,
-        draft.tokens[None],
-        draft.uniforms[planned : planned + k][None],
-        draft.uniforms[2 * planned :],
     )
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from mtplx import fused_layer
 from mtplx.arrays import scalar_int
-from mtplx.sampling import SamplerConfig, mx_distribution_from_logits, mx_sample
+from mtplx.sampling import SamplerConfig, distribution, sample
 
 if TYPE_CHECKING:
     from mtplx.grammar import GrammarState
@@ -108,9 +108,8 @@ class DraftSampler:
                     token = self.draft_vocab[index].astype(mx.int32)
                 q = (_vocab_ids(self.vocab_size) == token).astype(mx.float32)
             else:
-                small = mx_distribution_from_logits(
-                    _flat(logits)[None], self.config, counts, small_mask
-                )  # [1, V']
+                # [1, V']
+                small = distribution(_flat(logits)[None], self.config, counts, small_mask)
                 token = self.draft_vocab[self._draw(small)].astype(mx.int32)
                 q = mx.zeros((self.vocab_size,), mx.float32)
                 q[self.draft_vocab] = small[0]
@@ -121,7 +120,7 @@ class DraftSampler:
                 full[self.draft_vocab] = logits.astype(mx.float32)
                 logits = full
             masks = None if mask is None else mask[None]
-            q = mx_distribution_from_logits(logits[None], self.config, self._counts(), masks)[0]
+            q = distribution(logits[None], self.config, self._counts(), masks)[0]
             token = self._draw(q[None]).astype(mx.int32)
         if self.token_counts is not None:
             self.token_counts = self.token_counts + (mx.arange(self.vocab_size) == token)
@@ -140,7 +139,7 @@ class DraftSampler:
         if self.config.is_greedy:
             return mx.argmax(probs[0])
         uniform = self.uniforms[self.num_drawn : self.num_drawn + 1]
-        return mx_sample(probs, uniform)[0]
+        return sample(probs, uniform)[0]
 
     def _counts(self) -> mx.array | None:
         return None if self.token_counts is None else self.token_counts[None]
