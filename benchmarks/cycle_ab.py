@@ -139,17 +139,6 @@ class Switch:
                 setattr(mtp.MTPDrafter, name, lambda self, *a: None)
 
 
-def add(
-    engine: Engine,
-    drafter: str,
-    depth: int,
-    tokens: int,
-    temperature: float,
-    top_p: float = 1.0,
-    top_k: int = 0,
-) -> None:
-    """Queue the benchmark's request (``drafter`` at ``depth``; ``none``, 0: plain), greedy
-    at ``temperature`` 0, else sampled with a fixed seed (and ``top_p``, ``top_k``)."""
 FILTERS: dict[str, float] = {}  # --top-k / --top-p of a sampled request
 
 
@@ -166,9 +155,6 @@ def add(engine: Engine, drafter: str, depth: int, tokens: int, temperature: floa
             prompt_ids=ids,
             sampler=SamplerConfig(
                 temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                seed=0 if temperature else None,
                 seed=0 if temperature else None,
                 top_k=int(FILTERS.get("top_k", 0)) if temperature else 0,
                 top_p=FILTERS.get("top_p", 1.0) if temperature else 1.0,
@@ -182,17 +168,11 @@ def add(engine: Engine, drafter: str, depth: int, tokens: int, temperature: floa
 
 
 def run(
-    engine: Engine,
-    drafter: str,
-    depth: int,
-    tokens: int,
-    temperature: float,
-    top_p: float = 1.0,
-    top_k: int = 0,
+    engine: Engine, drafter: str, depth: int, tokens: int, temperature: float
 ) -> tuple[float, float, float]:
     """One request to its end: the median wall, process-CPU and this thread's CPU ms of a
     step (the prompt's step and the first two after it left out)."""
-    add(engine, drafter, depth, tokens, temperature, top_p, top_k)
+    add(engine, drafter, depth, tokens, temperature)
     engine.step()  # the prompt
     wall, proc, thread = [], [], []
     while engine.running:
@@ -238,8 +218,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="sampled requests' top_p")
-    parser.add_argument("--top-k", type=int, default=0, help="sampled requests' top_k (0: off)")
     parser.add_argument("--top-k", type=int, default=0, help="with --temperature (0: off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="with --temperature")
     parser.add_argument("--before", default="HEAD")
@@ -261,7 +239,6 @@ def main() -> None:
     spec.update({"verify only before": ("mtp", 1, "verify only before")})
     print(
         f"activations: {activations_format()}; before: {args.before}; switch: {args.switch}; "
-        f"temperature: {args.temperature}, top_p: {args.top_p}, top_k: {args.top_k}"
         f"temperature: {args.temperature}; top_k {args.top_k}, top_p {args.top_p}"
     )
     print(f"load before: {os.getloadavg()}")
@@ -271,17 +248,7 @@ def main() -> None:
             drafter, depth, code = spec[name]
             switch.set(code)
             try:
-                results[name].append(
-                    run(
-                        engine,
-                        drafter,
-                        depth,
-                        args.tokens,
-                        args.temperature,
-                        args.top_p,
-                        args.top_k,
-                    )
-                )
+                results[name].append(run(engine, drafter, depth, args.tokens, args.temperature))
             finally:
                 switch.set("after")
     print(f"load after: {os.getloadavg()}")
