@@ -369,9 +369,7 @@ def mx_distribution_from_logits(
 ) -> mx.array:
     """MLX twin of ``distribution_from_logits``. logits: [..., V]; mask: [..., V] bool or
     None (no grammar: the graph is exactly the unmasked one); returns float32 [..., V]."""
-    logits = mx_apply_penalties(logits.astype(mx.float32), token_counts, config)
-    if mask is not None:
-        logits = mx.where(mask, logits, -mx.inf)
+    logits = _biased(logits, config, token_counts, mask)
     if config.is_greedy:
         vocab_ids = mx.arange(logits.shape[-1])
         return (vocab_ids == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
