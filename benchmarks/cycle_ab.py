@@ -59,7 +59,7 @@ from mtplx.models import load  # noqa: E402
 from mtplx.models.gguf import ensure_default_model  # noqa: E402
 from mtplx.models.quantized import activations_format  # noqa: E402
 from mtplx.request import GenerationRequest  # noqa: E402
-from mtplx.sampling import SamplerConfig  # noqa: E402
+from mtplx.request import SamplerConfig  # noqa: E402
 
 PROMPT = "Explain why the sky is blue in two sentences."
 KINDS = ("plain", "mtp@1 before", "mtp@1 after", "verify only")

@@ -294,8 +294,7 @@ def _prompt_ids(tokenizer: Any, args: argparse.Namespace) -> list[int]:
 
 def generate(args: argparse.Namespace) -> int:
     """Stream one generation to stdout; statistics to stderr."""
-    from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
-    from mtplx.sampling import SamplerConfig
+    from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig, TokenEvent
 
     problem = check_drafter_options(args.drafter, args.draft_layers)
     if problem:

@@ -339,7 +339,7 @@ def greedy_draft(logits: mx.array, vocab: mx.array) -> mx.array:
 
 
 def greedy_verdict(logits: mx.array, drafts: mx.array) -> tuple[mx.array, mx.array]:
-    """``sampling.mx_verify_greedy``'s verdict, lazily, in one node: logits [B, k+1, V] and
+    """``mlx_ops.mx_verify_greedy``'s verdict, lazily, in one node: logits [B, k+1, V] and
     drafts [B, k], or one row's [k+1, V] and [k] (B = 1, no reshape node) -> (num_accepted
     [B] int32, output_tokens [B, k+1] int32). The argmax is MLX's (the first maximum, a NaN
     above all), so the ints are bitwise ``mx_verify_greedy``'s; where that is 9

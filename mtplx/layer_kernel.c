@@ -400,9 +400,9 @@ int mtplx_head_out(const float *x, int n, int H, const float *w, float eps, cons
 }
 
 /* -- sampling: a temperature's softmax, the filters, the inverse-CDF draw, the exact verdict --
- * mtplx.sampling's sampled path (mx_distribution_from_logits' softmax and top-k / top-p /
+ * mtplx.sampling.fast_path's sampled path (mx_distribution_from_logits' softmax and top-k / top-p /
  * min-p filters, mx_sample, mx_verify_draft_tokens) one call each, every step MLX's CPU operation in MLX's order, so the
- * bits are MLX's ops' (tests/test_sampling_kernel.py compares them bitwise):
+ * bits are MLX's ops' (tests/sampling/test_fast_path.py compares them bitwise):
  * - p = softmax((l - max l) / T): the max; s_j = (l_j - max) / T, two roundings; then MLX's
  *   CPU softmax of s at its scalar SIMD width on x86: M = max s, e_j = exp(s_j - M) with MLX's
  *   exp (mlx_exp, LW lanes at a time through mlx_exp_lanes: the same bits), a sequential

@@ -13,7 +13,7 @@ from mtplx.cycle import CycleResult
 from mtplx.engine_state import EngineState
 from mtplx.events import prompt_logprobs
 from mtplx.models.rows import RowOutput
-from mtplx.sampling import sample_logits
+from mtplx.sampling.fast_path import sample_logits
 from mtplx.sequence import Sequence, Status
 from mtplx.speculative import cycle_uniforms
 

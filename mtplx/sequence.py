@@ -17,9 +17,9 @@ from mtplx.request import (
     GenerationRequest,
     GenerationStats,
     PromptLogprob,
+    SamplerConfig,
     TokenEvent,
 )
-from mtplx.sampling import SamplerConfig
 
 if TYPE_CHECKING:
     from mtplx.grammar import GrammarState

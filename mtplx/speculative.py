@@ -43,13 +43,9 @@ from mtplx.arrays import int_rows, scalar_int
 from mtplx.cycle import Ahead, CycleResult, Draft, QueuedDraft
 from mtplx.drafters.base import Drafter
 from mtplx.models.rows import BatchedTarget, RowOutput
-from mtplx.sampling import (
-    SamplerConfig,
-    mx_apply_penalties,
-    mx_verify_greedy,
-    sample_logits,
-    verify_sampled_row,
-)
+from mtplx.request import SamplerConfig
+from mtplx.sampling.fast_path import sample_logits, verify_sampled_row
+from mtplx.sampling.mlx_ops import mx_apply_penalties, mx_verify_greedy
 from mtplx.sequence import Sequence
 
 
@@ -200,7 +196,7 @@ def verify(sequence: Sequence, draft: Draft, output: RowOutput) -> tuple[mx.arra
         if fused_layer.available():  # one node where MLX's ops are 9
             return fused_layer.greedy_verdict(logits, draft.tokens)
         return mx_verify_greedy(logits[None], draft.tokens[None])  # [1, k+1, V]
-    # One node where the kernel serves (``sampling.verify_sampled_row``), where MLX's ops
+    # One node where the kernel serves (``fast_path.verify_sampled_row``), where MLX's ops
     # are ~20 over [k+1, V].
     return verify_sampled_row(
         target_logits,

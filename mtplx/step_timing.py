@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.drafters.ngram import NgramDrafter, find_continuation
 from mtplx.planner import FILTERED, SAMPLED, StepCosts
-from mtplx.request import GenerationRequest
-from mtplx.sampling import SamplerConfig
+from mtplx.request import GenerationRequest, SamplerConfig
 
 if TYPE_CHECKING:
     from mtplx.models.base import LoadedModel

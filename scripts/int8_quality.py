@@ -52,8 +52,7 @@ def worker(out: Path, positions: int, tokens: int) -> None:
     from mtplx.models import load
     from mtplx.models.gguf import ensure_default_model
     from mtplx.models.quantized import activations_format
-    from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
-    from mtplx.sampling import SamplerConfig
+    from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig, TokenEvent
 
     mx = importlib.import_module("mlx.core")  # after mtplx
     model = load(ensure_default_model("native"))

@@ -27,8 +27,7 @@ from mtplx.engine import Engine
 from mtplx.models import load
 from mtplx.models.gguf import ensure_default_model
 from mtplx.quant import quant_info
-from mtplx.request import GenerationRequest, TokenEvent
-from mtplx.sampling import SamplerConfig
+from mtplx.request import GenerationRequest, SamplerConfig, TokenEvent
 
 GREEDY = SamplerConfig(temperature=0.0)
 PROMPTS = [

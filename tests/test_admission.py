@@ -11,8 +11,7 @@ import pytest
 
 from mtplx.engine import Engine
 from mtplx.errors import InvalidParameter
-from mtplx.request import GenerationRequest
-from mtplx.sampling import SamplerConfig
+from mtplx.request import GenerationRequest, SamplerConfig
 from tests.test_engine import load_fixture
 
 GREEDY = SamplerConfig(temperature=0.0)

@@ -163,7 +163,7 @@ class FakeLlama:
 
 def test_llamacpp_run_decodes_max_tokens_with_our_sampler() -> None:
     from mtplx.bench.backends import run_llamacpp
-    from mtplx.sampling import SamplerConfig
+    from mtplx.request import SamplerConfig
 
     llm = FakeLlama()
     sampler = SamplerConfig(temperature=0.6, top_p=0.95, top_k=20, seed=7)

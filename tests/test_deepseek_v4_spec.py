@@ -10,8 +10,7 @@ import pytest
 
 from mtplx.engine import Engine
 from mtplx.models import Tier, inspect, load
-from mtplx.request import GenerationRequest, TokenEvent
-from mtplx.sampling import SamplerConfig
+from mtplx.request import GenerationRequest, SamplerConfig, TokenEvent
 
 GREEDY = SamplerConfig(temperature=0.0)
 PROMPTS = [[5, 17, 33, 2, 9], [100, 101, 102, 100, 101, 102, 100], [7] * 12, [250, 3, 44, 91]]

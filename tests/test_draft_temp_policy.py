@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mtplx.sampling import (
-    SamplerConfig,
+from mtplx.request import SamplerConfig
+from mtplx.sampling.reference import (
     acceptance_probability,
     distribution_from_logits,
     residual_distribution,

@@ -16,8 +16,7 @@ from mtplx.engine import Engine
 from mtplx.models import load, make_layer_skip_draft, slot_store
 from mtplx.planner import FILTERED, SAMPLED, StepCosts
 from mtplx.planner import GREEDY as GREEDY_KIND
-from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
-from mtplx.sampling import SamplerConfig
+from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig, TokenEvent
 from mtplx.sequence import Status
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import quantize_checkpoint, untie_lm_head

@@ -15,8 +15,7 @@ import pytest
 
 from mtplx.engine import Engine
 from mtplx.models import load, make_layer_skip_draft
-from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
-from mtplx.sampling import SamplerConfig
+from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig, TokenEvent
 from mtplx.sequence import Sequence
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head

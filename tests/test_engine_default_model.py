@@ -8,8 +8,7 @@ import pytest
 from mtplx.engine import Engine
 from mtplx.models import load, make_layer_skip_draft
 from mtplx.models.gguf import ensure_default_model
-from mtplx.request import GenerationRequest, TokenEvent
-from mtplx.sampling import SamplerConfig
+from mtplx.request import GenerationRequest, SamplerConfig, TokenEvent
 from tests.test_engine import run_concurrently
 
 GREEDY = SamplerConfig(temperature=0.0)

@@ -16,8 +16,7 @@ from mtplx.models import load, make_layer_skip_draft
 from mtplx.models.slot_store import IDLE_CAPACITY
 from mtplx.models.slot_target import SlotTarget
 from mtplx.prefix_cache import BLOCK_SIZE
-from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, TokenEvent
-from mtplx.sampling import SamplerConfig
+from mtplx.request import FinishEvent, GenerationRequest, GenerationStats, SamplerConfig, TokenEvent
 from mtplx.sequence import Sequence
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.test_engine import load_fixture

@@ -17,8 +17,8 @@ from mtplx.engine import Engine
 from mtplx.errors import InvalidParameter
 from mtplx.grammar import MAX_GRAMMAR_CHARS, GrammarCompiler, GrammarSpec, check_grammar
 from mtplx.models import load, make_layer_skip_draft
-from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
-from mtplx.sampling import SamplerConfig, distribution_from_logits
+from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig, TokenEvent
+from mtplx.sampling.reference import distribution_from_logits
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.tokenizer import IM_END_ID
 from tests.fixtures.variants import untie_lm_head

@@ -1,5 +1,5 @@
 """The greedy verdict's kernel node (``fused_layer.greedy_verdict``) against the MLX ops it
-replaces (``sampling.mx_verify_greedy``): the same ints for every accepted-prefix length,
+replaces (``mlx_ops.mx_verify_greedy``): the same ints for every accepted-prefix length,
 ties, infinities and NaNs (MLX's argmax: the first maximum, a NaN above all), one row given
 as [k+1, V] / [k] or as a batch, and one graph node; ``speculative.verify`` serves its
 greedy rows with it. The counts a queued drafting cycle takes from a verdict
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mtplx import fused_layer
-from mtplx.sampling import mx_verify_greedy
+from mtplx.sampling.mlx_ops import mx_verify_greedy
 
 pytestmark = pytest.mark.skipif(not fused_layer.available(), reason="no fused kernels here")
 

@@ -12,8 +12,7 @@ import pytest
 
 from mtplx.engine import Engine
 from mtplx.prefill import fixed_chunks
-from mtplx.request import GenerationRequest, TokenEvent
-from mtplx.sampling import SamplerConfig
+from mtplx.request import GenerationRequest, SamplerConfig, TokenEvent
 from tests.test_engine import load_fixture
 
 GREEDY = SamplerConfig(temperature=0.0)

@@ -7,7 +7,7 @@ import pytest
 
 from mtplx.drafters import NgramDrafter
 from mtplx.proposing import propose_rows
-from mtplx.sampling import SamplerConfig
+from mtplx.request import SamplerConfig
 from tests.test_speculative import GREEDY, ScriptedDrafter
 
 

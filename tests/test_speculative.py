@@ -24,8 +24,8 @@ from mtplx.drafters.base import CommitsEagerly, OneSource, ProposesAlone
 from mtplx.engine import Engine
 from mtplx.models import LoadedModel, load, make_layer_skip_draft
 from mtplx.models.rows import RowOutput
-from mtplx.request import GenerationRequest, TokenEvent
-from mtplx.sampling import SamplerConfig, distribution_from_logits
+from mtplx.request import GenerationRequest, SamplerConfig, TokenEvent
+from mtplx.sampling.reference import distribution_from_logits
 from mtplx.speculative import verify, verify_rows
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head
@@ -301,7 +301,8 @@ def _chi_square_pvalue(observed: dict, exact: dict, num_runs: int) -> float:
 # 1,500 seeded runs a case, decoded concurrently. The default tier keeps the
 # lookup-first case (both drafters of a mix); every drafter's statistics in the default tier
 # also come from tests/test_engine_batching.py (rows of different drafters and samplers in
-# one batch) and the rule's from tests/test_sampling.py (30,000 sequences verified at once).
+# one batch) and the rule's from tests/sampling/test_mlx_ops.py (30,000 sequences verified
+# at once).
 # The other cases run in `make test-slow`.
 @pytest.mark.parametrize(
     "drafter, config",

@@ -24,8 +24,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from mtplx.engine import Engine
 from mtplx.models.target import LayerSkipDraft, Trunk
-from mtplx.request import FinishEvent, GenerationRequest
-from mtplx.sampling import SamplerConfig
+from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from mtplx.bench.prompts import DEFAULT_PROMPT_DIR, encode_prompt, load_prompts
 from mtplx.engine import Engine
 from mtplx.models import LoadedModel, load, make_layer_skip_draft
 from mtplx.models.gguf import write_f32_gguf
-from mtplx.sampling import SamplerConfig
+from mtplx.request import SamplerConfig
 
 logger = logging.getLogger(__name__)
 

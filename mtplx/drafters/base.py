@@ -10,7 +10,8 @@ import numpy as np
 
 from mtplx import fused_layer
 from mtplx.arrays import scalar_int
-from mtplx.sampling import SamplerConfig, distribution, sample
+from mtplx.request import SamplerConfig
+from mtplx.sampling.fast_path import distribution, sample
 
 if TYPE_CHECKING:
     from mtplx.grammar import GrammarState

@@ -78,8 +78,7 @@ def engine_run(
 ) -> tuple[list[int], Any, RecordingMTPDrafter]:
     """Greedy generation with drafter ``mtp`` at ``depth`` (None: adaptive) on ``engine``
     (default: a fresh ``recording_engine``): (prompt + output tokens, stats, the drafter)."""
-    from mtplx.request import FinishEvent, GenerationRequest
-    from mtplx.sampling import SamplerConfig
+    from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig
 
     if engine is None:
         engine = recording_engine(model)

@@ -30,8 +30,7 @@ def run_prompts(
 ) -> dict[str, Any]:
     """Aggregate speculative statistics over ``prompt_ids`` for one sampler setting."""
     from mtplx.engine import Engine
-    from mtplx.request import FinishEvent, GenerationRequest
-    from mtplx.sampling import SamplerConfig
+    from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig
 
     engine = Engine(model)
     accepted = [0] * depth

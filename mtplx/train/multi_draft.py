@@ -38,7 +38,8 @@ import mlx.core as mx
 import numpy as np
 
 from mtplx.models.base import LoadedModel
-from mtplx.sampling import SamplerConfig, distribution_from_logits, sample_from_distribution
+from mtplx.request import SamplerConfig
+from mtplx.sampling.reference import distribution_from_logits, sample_from_distribution
 
 
 def _residual(r: np.ndarray, q: np.ndarray) -> np.ndarray | None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mtplx.drafters.base import DraftSampler
-from mtplx.sampling import SamplerConfig
+from mtplx.request import SamplerConfig
 
 VOCAB = 300
 

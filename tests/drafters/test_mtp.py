@@ -14,7 +14,7 @@ from mtplx.drafters.base import DraftSampler
 from mtplx.drafters.mtp import CATCH_UP_CHUNK, MTPDrafter
 from mtplx.models import LoadedModel, load
 from mtplx.models.fused_head import fuse_head
-from mtplx.sampling import SamplerConfig
+from mtplx.request import SamplerConfig
 from tests.fixtures.variants import quantize_checkpoint
 
 NUM_ROWS = 16

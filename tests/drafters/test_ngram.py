@@ -64,7 +64,7 @@ def test_rows_proposed_in_one_pass_equal_each_row_alone() -> None:
     import numpy as np
 
     from mtplx.drafters.base import DraftSampler
-    from mtplx.sampling import SamplerConfig
+    from mtplx.request import SamplerConfig
     from mtplx.step_timing import ScratchLookup
 
     vocab = 50

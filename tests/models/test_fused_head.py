@@ -26,7 +26,7 @@ from mtplx.lazy_cache import LazyKVCache
 from mtplx.models import LoadedModel, load, mtp_nextn
 from mtplx.models.fused_head import fuse_head
 from mtplx.models.mtp_nextn import NextNHead
-from mtplx.sampling import SamplerConfig
+from mtplx.request import SamplerConfig
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import quantize_checkpoint
 

@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from mtplx.request import FinishEvent, GenerationRequest
-from mtplx.sampling import SamplerConfig
+from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig
 from server.bridge_errors import EngineNotReady, GenerationFailed, QueueFull, RequestTimeout
 from server.engine_bridge import EngineBridge
 from tests.fake_engine import FakeEngine

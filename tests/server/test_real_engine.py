@@ -11,8 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
-from mtplx.sampling import SamplerConfig
+from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig, TokenEvent
 from tests.server.helpers import ASGICall, stream_text, wait_until
 
 pytestmark = pytest.mark.anyio

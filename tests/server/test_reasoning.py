@@ -19,8 +19,7 @@ import httpx2
 import openai
 import pytest
 
-from mtplx.request import FinishEvent, GenerationRequest, TokenEvent
-from mtplx.sampling import SamplerConfig
+from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig, TokenEvent
 from server.errors import APIError
 from server.prompts import check_template_kwargs
 from server.reasoning import ReasoningSplitter, reasoning_parser

@@ -179,8 +179,7 @@ async def test_sixteen_concurrent_streams_neither_lose_nor_mix_tokens(make_app):
 
 def _cut_character_request(engine: FakeEngine, prompt: str) -> int:
     """A max_tokens at which the fake's output ends inside a multi-byte character."""
-    from mtplx.request import GenerationRequest
-    from mtplx.sampling import SamplerConfig
+    from mtplx.request import GenerationRequest, SamplerConfig
 
     ids = list(f"<|user|>{prompt}\n<|assistant|>".encode())
     for max_tokens in range(1, 200):

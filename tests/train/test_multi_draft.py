@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from mtplx.models import load
-from mtplx.sampling import SamplerConfig
+from mtplx.request import SamplerConfig
 from mtplx.train.compare import engine_run
 from mtplx.train.multi_draft import (
     chain_acceptance,

@@ -55,8 +55,7 @@ def default_model(request: pytest.FixtureRequest) -> Path:
 def test_default_model_loads_with_its_shipped_head(default_model: Path) -> None:
     from mtplx.engine import Engine
     from mtplx.models import load
-    from mtplx.request import FinishEvent, GenerationRequest
-    from mtplx.sampling import SamplerConfig
+    from mtplx.request import FinishEvent, GenerationRequest, SamplerConfig
     from mtplx.train.data import chat_prompt_ids
 
     shipped = gguf.shipped_mtp_head()

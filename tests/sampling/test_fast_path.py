@@ -1,6 +1,6 @@
-"""The sampled path's kernel nodes (``sampling.distribution``, ``sample``, ``sample_logits``,
-``verify_sampled_row`` where ``sampling.sampling_kernel`` serves) against the MLX ops they
-replace (``mx_distribution_from_logits``, ``mx_sample``, ``mx_verify_draft_tokens``): p bit
+"""The sampled path's kernel nodes (``mtplx.sampling.fast_path``: ``distribution``, ``sample``,
+``sample_logits``, ``verify_sampled_row`` where ``sampling_kernel`` serves) against the MLX ops
+they replace (``mx_distribution_from_logits``, ``mx_sample``, ``mx_verify_draft_tokens``): p bit
 for bit, and a row's p the same bits in any batch; the same tokens and accept counts given
 the same p and uniforms; the NumPy references' decisions; an enumeration of every draft and
 uniform on a small vocabulary whose output marginal is p exactly; and, through the engine,
@@ -19,29 +19,23 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mtplx import sampling
 from mtplx.engine import Engine
 from mtplx.models import load, make_layer_skip_draft
-from mtplx.request import GenerationRequest
-from mtplx.sampling import (
-    SamplerConfig,
-    distribution,
+from mtplx.request import GenerationRequest, SamplerConfig
+from mtplx.sampling import fast_path
+from mtplx.sampling.fast_path import distribution, sample, sample_logits, verify_sampled_row
+from mtplx.sampling.mlx_ops import mx_distribution_from_logits, mx_sample, mx_verify_draft_tokens
+from mtplx.sampling.reference import (
     distribution_from_logits,
-    mx_distribution_from_logits,
-    mx_sample,
-    mx_verify_draft_tokens,
-    sample,
-    sample_logits,
     speculative_output_marginal,
     verify_draft_tokens_reference,
-    verify_sampled_row,
 )
 from tests.fixtures.checkpoints import build_checkpoint
 from tests.fixtures.variants import untie_lm_head
 from tests.test_engine import run_concurrently
 
 pytestmark = pytest.mark.skipif(
-    sampling.sampling_kernel() is None, reason="no sampling kernel here"
+    fast_path.sampling_kernel() is None, reason="no sampling kernel here"
 )
 
 TEMPERATURES = [1e-5, 0.1, 0.6, 1.0, 7.0, 1e4]
@@ -50,7 +44,7 @@ TEMPERATURES = [1e-5, 0.1, 0.6, 1.0, 7.0, 1e4]
 @pytest.fixture
 def mlx_ops(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Within the block: the MLX ops serve (``MTPLX_SAMPLED_KERNEL=0``)."""
-    monkeypatch.setattr(sampling, "_KERNEL_ON", False)
+    monkeypatch.setattr(fast_path, "_KERNEL_ON", False)
     yield
 
 
@@ -267,11 +261,11 @@ def test_verdict_with_penalties_and_masks_is_the_mlx_ops_verdict(mlx_ops: None) 
         masks = mx.array(rng.random((3, 500)) < 0.7) | (mx.arange(500) == 0)
         args = (logits, config, drafts, qs, uniforms, 2, 4, counts, masks)
         want = verify_sampled_row(*args)  # MLX's ops (the fixture)
-        sampling._KERNEL_ON = True
+        fast_path._KERNEL_ON = True
         try:
             got = verify_sampled_row(*args)
         finally:
-            sampling._KERNEL_ON = False
+            fast_path._KERNEL_ON = False
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(np.array(g), np.array(w))
 
@@ -318,7 +312,7 @@ def test_verdict_output_marginal_is_p_by_enumeration(p: list[float], q: list[flo
     target = np.array([p, p], np.float32)  # the draft position's p, then the bonus's
     draft_q = mx.array(np.array(q, np.float32))
     grid = (np.arange(GRID, dtype=np.float32) + 0.5) / GRID
-    kernel = sampling.sampling_kernel()
+    kernel = fast_path.sampling_kernel()
     assert kernel is not None
     marginal = np.zeros(len(p))
     for x in np.flatnonzero(np.array(q) > 0):
@@ -381,7 +375,7 @@ def test_seeded_outputs_are_the_same_with_the_kernel_on_and_off(
         for drafter, depth in (("none", 0), ("mtp", 1), ("mtp", 3), ("draft_model", 2))
     ]
     with_kernel = run_concurrently(engine, requests)
-    monkeypatch.setattr(sampling, "_KERNEL_ON", False)
+    monkeypatch.setattr(fast_path, "_KERNEL_ON", False)
     assert run_concurrently(engine, requests) == with_kernel
 
 
