@@ -128,31 +128,47 @@ std::vector<mx::array> weak_copies(const std::vector<mx::array>& arrays) {
   return copies;
 }
 
+using Arrays = std::vector<mx::array>;
+
+// The preamble every primitive's eval_cpu shares, as MLX's own CPU operations run: each
+// output without a buffer gets one (a primitive that hands a donated input's buffer to an
+// output does that first), the inputs and outputs are declared to the stream's command
+// encoder (as MLX's operations declare them; the CPU encoder of the MLX built against does
+// nothing with them), and task(in, out) is dispatched to the stream's thread with weak
+// copies of both.
+template <class Task>
+void run_on_cpu(mx::Stream stream, const Arrays& inputs, Arrays& outputs, Task task) {
+  for (auto& out : outputs) {
+    if (out.data_shared_ptr() == nullptr) out.set_data(mx::allocator::malloc(out.nbytes()));
+  }
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (const auto& input : inputs) encoder.set_input_array(input);
+  for (auto& out : outputs) encoder.set_output_array(out);
+  encoder.dispatch([in = weak_copies(inputs), out = weak_copies(outputs),
+                    task = std::move(task)]() mutable { task(in, out); });
+}
+
+// The same for a primitive of one output: task(in, y).
+template <class Task>
+void run_on_cpu(mx::Stream stream, const Arrays& inputs, mx::array& output, Task task) {
+  Arrays outputs = {output};  // the same array: its buffer is set on output itself
+  run_on_cpu(stream, inputs, outputs,
+             [task = std::move(task)](Arrays& in, Arrays& out) mutable { task(in, out[0]); });
+}
+
 class QuantizedRows : public mx::UnaryPrimitive {
  public:
   QuantizedRows(mx::Stream stream, int bits, int group, bool int8)
       : mx::UnaryPrimitive(stream), bits_(bits), group_(group), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const mx::array& x = inputs[0];
-    const mx::array& w = inputs[1];
-    const mx::array& scales = inputs[2];
-    const mx::array& biases = inputs[3];
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_input_array(w);
-    encoder.set_input_array(scales);
-    encoder.set_input_array(biases);
-    encoder.set_output_array(out);
-    const int K = static_cast<int>(x.shape(-1));
-    const int M = static_cast<int>(x.size() / (K > 0 ? K : 1));
-    const int N = static_cast<int>(w.shape(0));
-    encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
-                      s = mx::array::unsafe_weak_copy(scales),
-                      b = mx::array::unsafe_weak_copy(biases),
-                      y = mx::array::unsafe_weak_copy(out), M, K, N, bits = bits_,
-                      group = group_, int8 = int8_]() mutable {
+    const int K = static_cast<int>(inputs[0].shape(-1));
+    const int M = static_cast<int>(inputs[0].size() / (K > 0 ? K : 1));
+    const int N = static_cast<int>(inputs[1].shape(0));
+    run_on_cpu(stream(), inputs, out,
+               [M, K, N, bits = bits_, group = group_,
+                int8 = int8_](Arrays& in, mx::array& y) mutable {
+      const mx::array &x = in[0], &w = in[1], &s = in[2], &b = in[3];
       const int half = s.dtype() == mx::float16;
       // The kernel reads row-contiguous inputs: the rare input that is not (a view) is
       // copied here, when its data is ready, rather than by a Contiguous node per input in
@@ -227,10 +243,6 @@ class StoreAttention : public mx::UnaryPrimitive {
   StoreAttention(mx::Stream stream, float scale) : mx::UnaryPrimitive(stream), scale_(scale) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& input : inputs) encoder.set_input_array(input);
-    encoder.set_output_array(out);
     const mx::array& q = inputs[0];
     const mx::array& keys = inputs[1];
     const mx::array& values = inputs[2];
@@ -241,13 +253,10 @@ class StoreAttention : public mx::UnaryPrimitive {
     const int kv = static_cast<int>(keys.shape(1));
     const int cap = static_cast<int>(keys.shape(2));
     const int dv = static_cast<int>(values.shape(3));
-    encoder.dispatch([q = mx::array::unsafe_weak_copy(q),
-                      k = mx::array::unsafe_weak_copy(keys),
-                      v = mx::array::unsafe_weak_copy(values),
-                      s = mx::array::unsafe_weak_copy(inputs[3]),
-                      c = mx::array::unsafe_weak_copy(inputs[4]),
-                      y = mx::array::unsafe_weak_copy(out), n, heads, d, slots, kv, cap, dv,
-                      scale = scale_]() mutable {
+    run_on_cpu(stream(), inputs, out,
+               [n, heads, d, slots, kv, cap, dv,
+                scale = scale_](Arrays& in, mx::array& y) mutable {
+      const mx::array &q = in[0], &k = in[1], &v = in[2], &s = in[3], &c = in[4];
       // Row-contiguous inputs are read in place (the store always is); a view is gathered
       // here rather than by a Contiguous node per input in every layer's graph.
       std::vector<char> qd, kd, vd, sd, cd;
@@ -360,12 +369,9 @@ class LayerBefore : public mx::Primitive {
         bits_(bits), group_(group), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
-    encoder.dispatch([in = std::move(in), out = std::move(out), eps = eps_, heads = heads_,
-                      kv = kv_, d = d_, dims = dims_, bits = bits_, group = group_,
-                      int8 = int8_]() mutable {
+    run_on_cpu(stream(), inputs, outputs,
+               [eps = eps_, heads = heads_, kv = kv_, d = d_, dims = dims_, bits = bits_,
+                group = group_, int8 = int8_](Arrays& in, Arrays& out) mutable {
       const int H = static_cast<int>(in[0].shape(-1));
       const int n = static_cast<int>(in[0].size() / H);
       std::vector<char> xd, nd, cd, sd;
@@ -439,11 +445,8 @@ class LayerAfter : public mx::UnaryPrimitive {
       : mx::UnaryPrimitive(stream), eps_(eps), kinds_(kinds), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
-    output.set_data(mx::allocator::malloc(output.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> in = weak_copies(inputs);
-    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output), eps = eps_,
-                      k = kinds_, int8 = int8_]() mutable {
+    run_on_cpu(stream(), inputs, output,
+               [eps = eps_, k = kinds_, int8 = int8_](Arrays& in, mx::array& y) mutable {
       const int H = static_cast<int>(in[0].shape(-1));
       const int n = static_cast<int>(in[0].size() / H);
       std::vector<char> xd, ad, nd;
@@ -529,18 +532,15 @@ class KVWrite : public mx::UnaryPrimitive {
   KVWrite(mx::Stream stream, int tokens) : mx::UnaryPrimitive(stream), tokens_(tokens) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    auto& encoder = mx::cpu::get_command_encoder(stream());
     const mx::array& store = inputs[0];
     const bool copied = !(store.is_donatable() && store.flags().row_contiguous);
     if (copied) {
-      out.set_data(mx::allocator::malloc(out.nbytes()));
-      store_copies++;
+      store_copies++;  // run_on_cpu gives out a buffer of its own
     } else {
       out.copy_shared_buffer(store);
     }
-    std::vector<mx::array> in = weak_copies(inputs);
-    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(out), copied,
-                      T = static_cast<int64_t>(tokens_)]() mutable {
+    run_on_cpu(stream(), inputs, out,
+               [copied, T = static_cast<int64_t>(tokens_)](Arrays& in, mx::array& y) mutable {
       std::vector<char> scratch, nd, wd, pd;
       if (copied) std::memcpy(y.data<char>(), dense(in[0], scratch), y.nbytes());
       const float* fresh = static_cast<const float*>(dense(in[1], nd));
@@ -652,25 +652,20 @@ class LayerStep : public mx::Primitive {
     for (auto& sibling : outputs) {
       if (&sibling.inputs() != &inputs && !sibling.is_tracer()) sibling.inputs().clear();
     }
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    outputs[0].set_data(mx::allocator::malloc(outputs[0].nbytes()));
     std::vector<char> copied(2 * stores_, 0);
     for (int s = 0; s < 2 * stores_; s++) {
       const mx::array& store = inputs[kFixed + s];
-      mx::array& out = outputs[1 + s];
       if (store.is_donatable() && store.flags().row_contiguous) {
-        out.copy_shared_buffer(store);
+        outputs[1 + s].copy_shared_buffer(store);
       } else {
-        out.set_data(mx::allocator::malloc(out.nbytes()));
-        copied[s] = 1;
+        copied[s] = 1;  // run_on_cpu gives the output a buffer of its own
         store_copies++;
       }
     }
-    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
-    encoder.dispatch([in = std::move(in), out = std::move(out), copied = std::move(copied),
-                      eps = eps_, post_eps = post_eps_, scale = scale_, heads = heads_,
-                      kv = kv_, d = d_, dims = dims_, k = kinds_, int8 = int8_,
-                      groups = groups_, stores = stores_]() mutable {
+    run_on_cpu(stream(), inputs, outputs,
+               [copied = std::move(copied), eps = eps_, post_eps = post_eps_, scale = scale_,
+                heads = heads_, kv = kv_, d = d_, dims = dims_, k = kinds_, int8 = int8_,
+                groups = groups_, stores = stores_](Arrays& in, Arrays& out) mutable {
       const int H = static_cast<int>(in[0].shape(-1));
       const int n = static_cast<int>(in[0].size() / H);
       std::vector<char> xd, nd, cd, sd, pd;
@@ -864,13 +859,8 @@ class EmbedRows : public mx::UnaryPrimitive {
       : mx::UnaryPrimitive(stream), bits_(bits), group_(group) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& input : inputs) encoder.set_input_array(input);
-    encoder.set_output_array(out);
-    std::vector<mx::array> in = weak_copies(inputs);
-    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(out), bits = bits_,
-                      group = group_]() mutable {
+    run_on_cpu(stream(), inputs, out,
+               [bits = bits_, group = group_](Arrays& in, mx::array& y) mutable {
       std::vector<char> id_d, w_d, s_d, b_d;
       const int32_t* ids = static_cast<const int32_t*>(dense(in[0], id_d));
       const uint32_t* w = static_cast<const uint32_t*>(dense(in[1], w_d));
@@ -960,12 +950,9 @@ class HeadInto : public mx::UnaryPrimitive {
         int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
-    output.set_data(mx::allocator::malloc(output.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> in = weak_copies(inputs);
-    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output),
-                      eps_e = eps_e_, eps_h = eps_h_, bits = bits_, group = group_,
-                      int8 = int8_]() mutable {
+    run_on_cpu(stream(), inputs, output,
+               [eps_e = eps_e_, eps_h = eps_h_, bits = bits_, group = group_,
+                int8 = int8_](Arrays& in, mx::array& y) mutable {
       const int H = static_cast<int>(in[0].shape(-1));
       const int n = static_cast<int>(in[0].size() / H);
       std::vector<char> ed, hd, wed, whd;
@@ -1032,11 +1019,9 @@ class HeadOut : public mx::Primitive {
       : mx::Primitive(stream), eps_(eps), bits_(bits), group_(group), int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
-    encoder.dispatch([in = std::move(in), out = std::move(out), eps = eps_, bits = bits_,
-                      group = group_, int8 = int8_]() mutable {
+    run_on_cpu(stream(), inputs, outputs,
+               [eps = eps_, bits = bits_, group = group_,
+                int8 = int8_](Arrays& in, Arrays& out) mutable {
       const int H = static_cast<int>(in[0].shape(-1));
       const int n = static_cast<int>(in[0].size() / H);
       std::vector<char> xd, ad, wd;
@@ -1110,18 +1095,13 @@ int32_t first_argmax(const float* row, int64_t V) {
 // Inputs logits [B, n, V] float32 (the target's at a row's n = k + 1 verified positions),
 // drafts [B, k] int32 -> num_accepted [B] int32 (the drafts equal to the argmax at their
 // position, up to the first that is not) and output_tokens [B, n] int32 (the argmaxes up to
-// the position after the accepted drafts, -1 past it): sampling.mx_verify_greedy's ints.
+// the position after the accepted drafts, -1 past it): mlx_ops.mx_verify_greedy's ints.
 class GreedyVerdict : public mx::Primitive {
  public:
   explicit GreedyVerdict(mx::Stream stream) : mx::Primitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& input : inputs) encoder.set_input_array(input);
-    for (auto& out : outputs) encoder.set_output_array(out);
-    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
-    encoder.dispatch([in = std::move(in), out = std::move(out)]() mutable {
+    run_on_cpu(stream(), inputs, outputs, [](Arrays& in, Arrays& out) mutable {
       std::vector<char> ld, dd;
       const float* logits = static_cast<const float*>(dense(in[0], ld));
       const int32_t* drafts = static_cast<const int32_t*>(dense(in[1], dd));
@@ -1180,12 +1160,7 @@ class GreedyDraft : public mx::UnaryPrimitive {
   explicit GreedyDraft(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
-    output.set_data(mx::allocator::malloc(output.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& input : inputs) encoder.set_input_array(input);
-    encoder.set_output_array(output);
-    std::vector<mx::array> in = weak_copies(inputs);
-    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output)]() mutable {
+    run_on_cpu(stream(), inputs, output, [](Arrays& in, mx::array& y) mutable {
       std::vector<char> ld, vd;
       const float* logits = static_cast<const float*>(dense(in[0], ld));
       const int32_t* vocab = static_cast<const int32_t*>(dense(in[1], vd));
@@ -1223,12 +1198,7 @@ class VerdictCounts : public mx::Primitive {
   explicit VerdictCounts(mx::Stream stream) : mx::Primitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& input : inputs) encoder.set_input_array(input);
-    for (auto& out : outputs) encoder.set_output_array(out);
-    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
-    encoder.dispatch([in = std::move(in), out = std::move(out)]() mutable {
+    run_on_cpu(stream(), inputs, outputs, [](Arrays& in, Arrays& out) mutable {
       std::vector<char> ad, td;
       const int32_t accepted = *static_cast<const int32_t*>(dense(in[0], ad));
       const int32_t* tokens = static_cast<const int32_t*>(dense(in[1], td));
@@ -1277,7 +1247,7 @@ float* sampling_scratch(int64_t V) {
 
 // Input logits [..., V] float32 -> p [..., V] = softmax((logits - max) / T) per row, then
 // filtered by top-k (0 < top_k < V), top-p (< 1) and min-p (> 0):
-// sampling.mx_distribution_from_logits' max, shift, division, softmax and filters, one node.
+// mlx_ops.mx_distribution_from_logits' max, shift, division, softmax and filters, one node.
 class SampledDistribution : public mx::UnaryPrimitive {
  public:
   SampledDistribution(mx::Stream stream, float temperature, int top_k, float top_p, float min_p)
@@ -1288,13 +1258,10 @@ class SampledDistribution : public mx::UnaryPrimitive {
         min_p_(min_p) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
-    output.set_data(mx::allocator::malloc(output.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(inputs[0]);
-    encoder.set_output_array(output);
-    encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
-                      y = mx::array::unsafe_weak_copy(output), t = temperature_, k = top_k_,
-                      top_p = top_p_, min_p = min_p_]() mutable {
+    run_on_cpu(stream(), inputs, output,
+               [t = temperature_, k = top_k_, top_p = top_p_,
+                min_p = min_p_](Arrays& in, mx::array& y) mutable {
+      const mx::array& x = in[0];
       std::vector<char> xd;
       const float* logits = static_cast<const float*>(dense(x, xd));
       const int64_t V = x.shape(-1);
@@ -1337,19 +1304,14 @@ mx::array sampled_distribution(const mx::array& logits, float temperature, int t
                    {mx::astype(logits, mx::float32, stream)});
 }
 
-// Inputs weights [B, V] float32, uniforms [B] float32 -> tokens [B] int32: sampling.mx_sample's
+// Inputs weights [B, V] float32, uniforms [B] float32 -> tokens [B] int32: mlx_ops.mx_sample's
 // ints.
 class SampledDraw : public mx::UnaryPrimitive {
  public:
   explicit SampledDraw(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& output) override {
-    output.set_data(mx::allocator::malloc(output.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& input : inputs) encoder.set_input_array(input);
-    encoder.set_output_array(output);
-    std::vector<mx::array> in = weak_copies(inputs);
-    encoder.dispatch([in = std::move(in), y = mx::array::unsafe_weak_copy(output)]() mutable {
+    run_on_cpu(stream(), inputs, output, [](Arrays& in, mx::array& y) mutable {
       std::vector<char> wd, ud;
       const float* w = static_cast<const float*>(dense(in[0], wd));
       const float* u = static_cast<const float*>(dense(in[1], ud));
@@ -1387,7 +1349,7 @@ mx::array sampled_draw(const mx::array& weights, const mx::array& uniforms) {
 // Inputs x [n, V] float32 (p, or logits at temperature > 0), drafts [k] int32 (k = n - 1),
 // uniforms [U] float32 (u_i = uniforms[accept_at + i], the draw's uniforms[sample_at]), then
 // each draft position's q [V] -> num_accepted [1] int32, output_tokens [1, n] int32:
-// sampling.mx_verify_draft_tokens' ints for one row.
+// mlx_ops.mx_verify_draft_tokens' ints for one row.
 class SampledVerdict : public mx::Primitive {
  public:
   SampledVerdict(mx::Stream stream, float temperature, int accept_at, int sample_at)
@@ -1397,13 +1359,9 @@ class SampledVerdict : public mx::Primitive {
         sample_at_(sample_at) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& input : inputs) encoder.set_input_array(input);
-    for (auto& out : outputs) encoder.set_output_array(out);
-    std::vector<mx::array> in = weak_copies(inputs), out = weak_copies(outputs);
-    encoder.dispatch([in = std::move(in), out = std::move(out), t = temperature_,
-                      accept_at = accept_at_, sample_at = sample_at_]() mutable {
+    run_on_cpu(stream(), inputs, outputs,
+               [t = temperature_, accept_at = accept_at_,
+                sample_at = sample_at_](Arrays& in, Arrays& out) mutable {
       std::vector<char> xd, dd, ud;
       const float* x = static_cast<const float*>(dense(in[0], xd));
       const int64_t V = in[0].shape(-1);
