@@ -11,7 +11,7 @@ from mtplx.drafters.base import DraftSampler
 from mtplx.engine import Engine
 from mtplx.models import load
 from mtplx.planner import FILTERED, GREEDY, SAMPLED, StepCosts, sampling_kind
-from mtplx.sampling import SamplerConfig
+from mtplx.request import SamplerConfig
 from mtplx.step_timing import ScratchLookup, calibrate, time_steps
 from tests.fixtures.checkpoints import build_checkpoint
 
@@ -83,19 +83,32 @@ def test_drafting_is_timed_as_the_engine_runs_the_cycles(
     assert any(pipelined)  # the cycles ran one step ahead, as a request's do
 
 
-def test_a_model_drafters_cost_is_what_its_cycles_add_beyond_verifying(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    plain, per_token = 0.010, 0.002
+def _priced_from_timings(
+    engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    plain: float,
+    per_token: float,
+    shares: dict[int, float],
+) -> StepCosts:
+    """The engine's calibrated costs where a step at depth k times ``plain + k * per_token``
+    seconds and every drafting row's cycles time ``shares`` (depth -> share of a plain step
+    a cycle adds)."""
     monkeypatch.setattr(
         step_timing,
         "time_steps",
         lambda engine, batch_size, depths, rounds: {k: plain + k * per_token for k in depths},
     )
+    monkeypatch.setattr(step_timing, "time_drafting", lambda e, name, depths, rounds, *s: shares)
+    return engine.priced(calibrate(engine, rounds=1))
+
+
+def test_a_model_drafters_cost_is_what_its_cycles_add_beyond_verifying(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain, per_token = 0.010, 0.002
     extra = {1: 0.004, 2: 0.007, 4: 0.013}  # seconds a cycle adds to the plain step
     shares = {k: seconds / plain for k, seconds in extra.items()}
-    monkeypatch.setattr(step_timing, "time_drafting", lambda e, name, depths, rounds, *s: shares)
-    costs = engine.priced(calibrate(engine, rounds=1))
+    costs = _priced_from_timings(engine, monkeypatch, plain, per_token, shares)
     assert "mtp" in costs.ahead  # so no step synchronisation is charged on top
     # depth 3, not measured, on the line between depths 2 and 4
     assert costs.drafting["mtp"] == pytest.approx([0.0, 0.002, 0.003, 0.004])
@@ -110,15 +123,8 @@ def test_a_cycle_is_priced_at_its_measured_share_of_the_calibrations_plain_step(
 ) -> None:
     # The drafting row's own plain steps (timed beside its cycles) and the lookup rows' plain
     # step differ by what a shared host's load did between them: the cycle keeps its ratio.
-    plain, per_token = 0.008, 0.001
-    monkeypatch.setattr(
-        step_timing,
-        "time_steps",
-        lambda engine, batch_size, depths, rounds: {k: plain + k * per_token for k in depths},
-    )
     shares = {1: 0.2, 2: 0.45, 4: 1.1}
-    monkeypatch.setattr(step_timing, "time_drafting", lambda e, name, depths, rounds, *s: shares)
-    costs = engine.priced(calibrate(engine, rounds=1))
+    costs = _priced_from_timings(engine, monkeypatch, 0.008, 0.001, shares)
     row = costs.row_costs("mtp", 1, 2)
     assert row[1] / row[0] == pytest.approx(1.2)
     assert row[2] / row[0] == pytest.approx(1.45)
