@@ -3,9 +3,10 @@
 Everything MTPLX makes once and reuses lives under ``mtplx_home()``: the BLAS shim
 (``mtplx.blas_shim``) and the quantized kernel (``mtplx.quant``) in ``blas`` and ``quant``,
 the default model converted from its packaged GGUF in ``models``, start-up calibrations in
-``calibration``. Where a directory cannot be written (``MTPLX_HOME`` read only, or under a
-file) what is already there is still used; what must be made goes into a private temporary
-directory of this process instead, removed at exit (``remove_stand_ins``), with one warning.
+``calibration`` (or ``$MTPLX_CALIBRATION_DIR``: ``calibration_dir``). Where a directory
+cannot be written (``MTPLX_HOME`` read only, or under a file) what is already there is still
+used; what must be made goes into a private temporary directory of this process instead,
+removed at exit (``remove_stand_ins``), with one warning.
 Without it the process would run on the slow fallbacks (the reference BLAS, quantized
 weights dequantized to float32: every step, the start-up calibration's included, several
 times slower) or, for the default model, not start at all. The price is the work again at
@@ -30,6 +31,7 @@ from pathlib import Path
 
 __all__ = [
     "build_target",
+    "calibration_dir",
     "mtplx_home",
     "remove_stale",
     "remove_stand_ins",
@@ -53,6 +55,15 @@ def mtplx_home() -> Path:
     """``$MTPLX_HOME``, or ``~/.cache/mtplx`` when it is unset or empty."""
     home = os.environ.get("MTPLX_HOME")
     return Path(home) if home else Path.home() / ".cache" / "mtplx"
+
+
+def calibration_dir() -> Path:
+    """Where start-up calibrations are cached: ``$MTPLX_CALIBRATION_DIR``, or
+    ``calibration`` under ``mtplx_home()`` when it is unset or empty. Apart from the home so
+    that calibrations can be kept elsewhere while the kernels and the converted default model
+    are shared (the test session keeps its own: its checkpoints are new every session)."""
+    directory = os.environ.get("MTPLX_CALIBRATION_DIR")
+    return Path(directory) if directory else mtplx_home() / "calibration"
 
 
 def writable_build_dir(directory: Path) -> Path:

@@ -1,13 +1,13 @@
 """The step cost model of an engine (``mtplx.planner.StepCosts``), measured at start-up
 (``mtplx.step_timing``: how the steps are timed) and cached.
 
-The result is cached per model, machine and code version under ``$MTPLX_HOME/calibration``,
-so a restart loads it instead of measuring again. A calibration is only as good as the quiet
-it was measured in, so two guards keep a bad one from living on: one measured while other
-processes kept a large share of the CPUs busy serves its own run but is not cached, and a
-cached one is checked at load against a fresh timing of the plain step (a few steps, ~1 s)
-and measured again when a quiet machine no longer matches it (another BLAS, CPU frequency or
-host).
+The result is cached per model, machine and code version under ``$MTPLX_HOME/calibration``
+(``$MTPLX_CALIBRATION_DIR`` where set: ``mtplx.build_dirs.calibration_dir``), so a restart
+loads it instead of measuring again. A calibration is only as good as the quiet it was
+measured in, so two guards keep a bad one from living on: one measured while other processes
+kept a large share of the CPUs busy serves its own run but is not cached, and a cached one is
+checked at load against a fresh timing of the plain step (a few steps, ~1 s) and measured
+again when a quiet machine no longer matches it (another BLAS, CPU frequency or host).
 
 A cache file is trusted only when it names this code's ``CALIBRATION_VERSION``, this model
 and this key, and holds a cost model of this engine's shape (its batch sizes and drafters,
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from mtplx import host_load
-from mtplx.build_dirs import mtplx_home
+from mtplx.build_dirs import calibration_dir
 from mtplx.drafters.lookup_first import LOOKUP
 from mtplx.planner import StepCosts
 from mtplx.step_timing import (
@@ -60,7 +60,7 @@ def _cache_path(engine: Engine) -> Path:
     """Where ``engine``'s calibration is cached: keyed by the checkpoint (path, size and
     time of its files), the machine, the BLAS and the engine's shape (the file's name ends
     with the key, ``_cache_key``)."""
-    return mtplx_home() / "calibration" / f"{engine.model_name}-{_cache_key(engine)}.json"
+    return calibration_dir() / f"{engine.model_name}-{_cache_key(engine)}.json"
 
 
 def _cache_key(engine: Engine) -> str:
@@ -250,7 +250,7 @@ def load_or_calibrate(engine: Engine) -> StepCosts:
     if unwritable:
         logger.warning(
             "the calibration cannot be cached in %s (%s): the step costs measured now serve "
-            "this run only, and every start measures them again (make MTPLX_HOME writable "
+            "this run only, and every start measures them again (make the directory writable "
             "to keep them)",
             path.parent,
             unwritable,

@@ -20,6 +20,7 @@ directories as read-only: copy one (``shutil.copytree``) before changing it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,19 @@ from mtplx.file_limits import import_mlx_lm
 import_mlx_lm()
 
 from tests.fixtures.checkpoints import build_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's calibration cache (``MTPLX_CALIBRATION_DIR``, inherited by the live
+    servers the tests start), not the user's: the checkpoints are built anew every session
+    and a calibration's key holds their path and times, so what a session calibrates is
+    never read again. The kernels and the converted default model stay shared under
+    ``MTPLX_HOME``, built once."""
+    directory = tmp_path_factory.mktemp("calibration")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MTPLX_CALIBRATION_DIR", str(directory))
+        yield directory
 
 
 def _build(factory: pytest.TempPathFactory, kind: str, **options: object) -> Path:

@@ -1,4 +1,5 @@
-"""Build caches where ``MTPLX_HOME`` cannot be written: a private stand-in for the run."""
+"""Build caches where ``MTPLX_HOME`` cannot be written: a private stand-in for the run; where
+calibrations are cached."""
 
 from __future__ import annotations
 
@@ -34,6 +35,18 @@ def test_an_unwritable_one_gets_one_private_stand_in_per_run(
     (stand_in / "lib.so").write_bytes(b"")
     build_dirs.remove_stand_ins()
     assert not stand_in.exists()
+
+
+def test_calibrations_are_kept_in_their_own_directory_where_one_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MTPLX_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MTPLX_CALIBRATION_DIR", raising=False)
+    assert build_dirs.calibration_dir() == tmp_path / "home" / "calibration"
+    monkeypatch.setenv("MTPLX_CALIBRATION_DIR", "")  # empty: as unset
+    assert build_dirs.calibration_dir() == tmp_path / "home" / "calibration"
+    monkeypatch.setenv("MTPLX_CALIBRATION_DIR", str(tmp_path / "elsewhere"))
+    assert build_dirs.calibration_dir() == tmp_path / "elsewhere"
 
 
 def _age(path: Path, seconds: float) -> None:

@@ -17,6 +17,13 @@ from mtplx.planner import StepCosts
 from tests.fixtures.checkpoints import build_checkpoint
 
 
+@pytest.fixture(autouse=True)
+def cache_under_the_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests name an ``MTPLX_HOME`` and look for the cache in its ``calibration``: the
+    session's own calibration directory (``tests/conftest.py``) is not set for them."""
+    monkeypatch.delenv("MTPLX_CALIBRATION_DIR", raising=False)
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     directory = tmp_path_factory.mktemp("calibration")
@@ -54,6 +61,20 @@ def _counting_calibrate(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(calibration, "calibrate", counting)
     return measured
+
+
+def test_a_calibration_directory_apart_from_the_home_holds_the_cache(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MTPLX_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MTPLX_CALIBRATION_DIR", str(tmp_path / "calibrations"))
+    measured = _counting_calibrate(monkeypatch)
+    monkeypatch.setattr(calibration.host_load, "background_load", lambda start, end: 0.0)
+    first = load_or_calibrate(engine)
+    monkeypatch.setattr(calibration, "plain_step_seconds", lambda engine: first.plain[0])
+    assert load_or_calibrate(engine) == first and measured == [1]  # read back from there
+    assert len(list((tmp_path / "calibrations").glob("*.json"))) == 1
+    assert not (tmp_path / "home" / "calibration").exists()
 
 
 def test_a_calibration_under_load_serves_its_run_but_is_not_cached(

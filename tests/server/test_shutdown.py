@@ -153,13 +153,12 @@ run()
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_while_calibrating_exits_at_once_and_caches_nothing(
-    tiny_checkpoint: Path, tmp_path: Path, sig: signal.Signals
+    tiny_checkpoint: Path, tmp_path: Path, calibration_cache: Path, sig: signal.Signals
 ) -> None:
     settings = {f"MTPLX_{name.upper()}" for name in ServerSettings.model_fields}
     env = {k: v for k, v in os.environ.items() if k.upper() not in settings}
     env["PYTHONPATH"] = str(ROOT)
-    home = Path(env.get("MTPLX_HOME") or Path.home() / ".cache" / "mtplx")
-    cached = set((home / "calibration").glob("*"))
+    cached = set(calibration_cache.glob("*"))
     log = tmp_path / "server.log"
     command = [
         sys.executable, "-c", _ENDLESS_CALIBRATION, "serve", str(tiny_checkpoint),
@@ -180,4 +179,4 @@ def test_a_signal_while_calibrating_exits_at_once_and_caches_nothing(
         if process.poll() is None:
             process.kill()
     assert "Traceback" not in log.read_text()
-    assert set((home / "calibration").glob("*")) <= cached  # no file, whole or half
+    assert set(calibration_cache.glob("*")) <= cached  # no file, whole or half
