@@ -96,8 +96,10 @@ def sample_logits(
     """A draw per row from logits [B, V]: the tokens [B] int32 of
     ``mx_sample(mx_distribution_from_logits(...), uniforms)`` (greedy: the argmax), two
     nodes where the kernel serves. (One node drawing from the logits themselves would save
-    p's pass, but a node reading a plain row's forward logits directly made the next
-    forward's KV writes copy their stores at times: ``fused_layer.store_copies``.)"""
+    p's pass, but a plain step one node shorter lets MLX's host, which runs up to ~110
+    dispatches ahead of its CPU stream and decides donation when it dispatches, reach the
+    next forward's KV writes before the stream has let go of the stores: they are then
+    copied, ``fused_layer.store_copies``; benchmarks/results/2026-12-04-store-copies/.)"""
     return sample(distribution(logits, config, token_counts, mask), uniforms)
 
 

@@ -408,3 +408,35 @@ def test_speculative_sampled_output_is_distributed_as_plain_sampled_output(
     common = table.sum(axis=0) >= 10
     pooled = np.column_stack([table[:, common], table[:, ~common].sum(axis=1)])
     assert stats.chi2_contingency(pooled).pvalue > 1e-3
+
+
+def test_plain_sampled_decoding_writes_the_kv_stores_in_place() -> None:
+    """A plain row's forward is queued before the previous one has run (its input is that
+    one's lazy draw), and a layer node writes a KV store in place only when the previous
+    write of that store has run by the time MLX dispatches the next: MLX decides donation
+    at dispatch, and its CPU stream keeps each node's buffers until the node has run. On
+    the default model each plain step's graph, with ``sample_logits``' two nodes, keeps
+    MLX's host (at most ~100 dispatches ahead) off the previous step's writes: no store
+    copied. One node fewer in the step copies stores in about half the requests
+    (benchmarks/results/2026-12-04-store-copies/)."""
+    from mtplx import fused_layer
+    from mtplx.engine import Engine
+    from mtplx.models import load
+    from mtplx.models.gguf import ensure_default_model
+    from mtplx.request import GenerationRequest, TokenEvent
+
+    engine = Engine(load(ensure_default_model()))
+    copies = fused_layer.store_copies() if fused_layer.available() else 0
+    for seed in range(3):
+        request = GenerationRequest(
+            [1, 2, 3, 4, 5, 6, 7, 8],
+            SamplerConfig(temperature=0.6, seed=seed),
+            48,
+            ignore_eos=True,
+            drafter="none",
+            depth=0,
+        )
+        tokens = [e for e in engine.generate(request) if isinstance(e, TokenEvent)]
+        assert len(tokens) == 48
+    if fused_layer.available():
+        assert fused_layer.store_copies() == copies
