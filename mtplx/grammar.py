@@ -281,6 +281,17 @@ class GrammarCompiler:
             raise InvalidParameter(
                 spec.param, "the grammar admits no output at all", code="invalid_value"
             )
+        # The copies share one lexer, whose expression budget the first mask can leave all
+        # but spent (`a{300000}`): then every request's first mask fails. A second copy's
+        # mask finds that out here, before admission.
+        probe = matcher.deep_copy()
+        probe.compute_bitmask()
+        if probe.is_error():
+            raise InvalidParameter(
+                spec.param,
+                f"the grammar exceeds the parser's limits: {_plain(probe.get_error())}",
+                code="grammar_too_complex",
+            )
         return matcher
 
     def state(
@@ -342,15 +353,30 @@ class GrammarState:
     @property
     def finished(self) -> bool:
         """Nothing may follow: a stop token was consumed, or the grammar is complete with no
-        continuation (or in error, which masks never let happen)."""
-        return self.ended or self.matcher.is_stopped()
+        continuation. Not a matcher in error (its parser's limits, e.g. the lexer's
+        expression budget spent while computing a mask): that text is not complete, and the
+        row fails at its next ``consume`` or ``rollback`` instead of ending as if done."""
+        return self.ended or (self.matcher.is_stopped() and not self.matcher.is_error())
+
+    def _check_limits(self) -> None:
+        """Raise when the matcher is in error: the parser's own limits, as a request error
+        naming the field (masks only offer allowed tokens, so nothing else puts it there)."""
+        if self.matcher.is_error():
+            raise InvalidParameter(
+                self.param,
+                f"the grammar exceeds the parser's limits: {_plain(self.matcher.get_error())}",
+                code="grammar_too_complex",
+            )
 
     def allowed(self) -> np.ndarray | None:
-        """[V] bool: the tokens allowed next, or None when nothing is (``finished``, or a
-        grammar whose next tokens all lie outside the model's vocabulary)."""
+        """[V] bool: the tokens allowed next, or None when nothing is (``finished``, a
+        grammar whose next tokens all lie outside the model's vocabulary, or a matcher the
+        mask put in error: never raises, as it runs for a whole batch's verify)."""
         if self.finished:
             return None
         bitmask = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        if self.matcher.is_error():
+            return None  # not even a stop token: the text is not complete
         bits = np.unpackbits(bitmask, bitorder="little").view(bool)
         allowed = np.zeros(self.vocab_size, dtype=bool)
         width = min(self.vocab_size, bits.shape[0])
@@ -384,6 +410,7 @@ class GrammarState:
         """Advance by one token the mask allowed."""
         if self.ended:
             raise ValueError("the grammar state has ended: no token may follow a stop token")
+        self._check_limits()
         if token in self.stop_ids:
             self._fed.append(False)
             return
@@ -400,6 +427,7 @@ class GrammarState:
         """Undo the last ``num_tokens`` consumed tokens."""
         if num_tokens <= 0:
             return
+        self._check_limits()
         undone = self._fed[-num_tokens:]
         del self._fed[-num_tokens:]
         fed = sum(undone)

@@ -259,6 +259,46 @@ def test_a_token_the_parser_refuses_fails_plainly(small_engine: Engine) -> None:
     assert "\n" not in message and "<state>" not in message and len(message) < 500
 
 
+@pytest.mark.parametrize("count", [300_000, 1_000_000])
+def test_a_grammar_past_the_lexers_budget_is_refused_before_admission(
+    small_engine: Engine, count: int
+) -> None:
+    """A repetition whose first mask leaves the shared lexer's expression budget spent: the
+    compile refuses it (one bounded line naming the field), where every request's first
+    mask would fail."""
+    compiler = GrammarCompiler(small_engine.tokenizer, SMALL_VOCAB)
+    spec = GrammarSpec("regex", f"!{{{count}}}", param="mtplx.regex")
+    with pytest.raises(InvalidParameter, match="parser's limits") as caught:
+        compiler.state(spec, stop_ids={STOP})
+    assert caught.value.param == "mtplx.regex" and caught.value.code == "grammar_too_complex"
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 500
+
+
+def test_a_mask_the_parser_fails_is_an_error_not_the_end_of_the_text(
+    small_engine: Engine,
+) -> None:
+    """A matcher its mask put in error allows nothing, which is not a complete text: the
+    state is not ``finished`` (which ended the reply with an empty text and finish_reason
+    "stop"), and the row's next commit (``consume`` or ``rollback``) fails with
+    grammar_too_complex. ``allowed`` itself answers None: it runs for a whole batch."""
+    from llguidance import LLMatcher, LLParserLimits
+
+    from mtplx.grammar import GrammarState
+
+    compiler = GrammarCompiler(small_engine.tokenizer, SMALL_VOCAB)
+    spec = GrammarSpec("regex", "!{1000000}", param="mtplx.regex")
+    limits = LLParserLimits(verbose_errors=False)
+    matcher = LLMatcher(compiler._llguidance_tokenizer(), check_grammar(spec), limits=limits)
+    matcher.deep_copy().compute_bitmask()  # the compile's probe: the budget now spent
+    state = GrammarState(matcher.deep_copy(), SMALL_VOCAB, {STOP}, [], param="mtplx.regex")
+    assert state.allowed() is None and not state.finished
+    commits = (lambda: state.consume(0), lambda: state.consume(STOP), lambda: state.rollback(1))
+    for commit in commits:
+        with pytest.raises(InvalidParameter, match="parser's limits") as caught:
+            commit()
+        assert caught.value.param == "mtplx.regex" and caught.value.code == "grammar_too_complex"
+
+
 def test_state_masks_stop_tokens_and_rollback(small_engine: Engine) -> None:
     compiler = GrammarCompiler(small_engine.tokenizer, SMALL_VOCAB)
     state = compiler.state(OPEN, stop_ids={STOP, IM_END_ID})

@@ -70,8 +70,11 @@ def distribution(
     if kernel is None or config.is_greedy:
         return mx_distribution_from_logits(logits, config, token_counts, mask)
     biased = biased_logits(logits, config, token_counts, mask)
+    # A top_k of the vocabulary or more keeps every token (as the MLX ops read it), and the
+    # node takes a C int: an API's top_k of 2**31 or more would not convert.
+    top_k = config.top_k if config.top_k < logits.shape[-1] else 0
     probs: mx.array = kernel.sampled_distribution(
-        biased, config.temperature, config.top_k, config.top_p, config.min_p
+        biased, config.temperature, top_k, config.top_p, config.min_p
     )
     return probs
 

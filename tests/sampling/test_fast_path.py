@@ -114,6 +114,9 @@ def test_distribution_is_the_numpy_reference_within_float_rounding(temperature: 
         SamplerConfig(temperature=0.7, logit_bias={3: -100.0, 5: 4.0}, top_k=50),
         SamplerConfig(temperature=0.9, top_k=1),
         SamplerConfig(temperature=0.9, top_k=1999, top_p=0.5),
+        SamplerConfig(temperature=0.9, top_k=2000),  # the whole vocabulary: no filter
+        SamplerConfig(temperature=0.9, top_k=2**31, top_p=0.5),  # past a C int
+        SamplerConfig(temperature=0.9, top_k=2**64 + 1),  # past an int64
         SamplerConfig(temperature=2.0, top_k=300, top_p=0.9, min_p=0.001),
         SamplerConfig(temperature=1.0, top_k=7, top_p=1e-9),
         SamplerConfig(temperature=1.0, top_k=40, top_p=0.999999),

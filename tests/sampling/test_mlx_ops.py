@@ -332,4 +332,3 @@ def test_extreme_penalties_and_temperatures_give_the_references_distribution(
     assert np.isfinite(actual).all() and np.allclose(actual.sum(axis=-1), 1.0)
     assert (_support_mask(actual) == _support_mask(expected)).all()
     np.testing.assert_allclose(actual, expected, rtol=2e-5, atol=1e-7)
-
