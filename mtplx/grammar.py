@@ -125,6 +125,17 @@ def _on_grammar_thread(function: Callable[..., T], *args: Any) -> T:
     return executor.submit(function, *args).result()
 
 
+def _check_limits(param: str, matcher: Any) -> None:
+    """Raise when ``matcher`` is in error: the parser's own limits (masks only offer allowed
+    tokens, so nothing else puts it there), as a request error naming the field ``param``."""
+    if matcher.is_error():
+        raise InvalidParameter(
+            param,
+            f"the grammar exceeds the parser's limits: {_plain(matcher.get_error())}",
+            code="grammar_too_complex",
+        )
+
+
 def _plain(message: str) -> str:
     """An llguidance message fit for a client: one line, bounded. The reason may follow
     the first line (a regex error); a parser state dump or a Rust backtrace never goes."""
@@ -286,12 +297,7 @@ class GrammarCompiler:
         # mask finds that out here, before admission.
         probe = matcher.deep_copy()
         probe.compute_bitmask()
-        if probe.is_error():
-            raise InvalidParameter(
-                spec.param,
-                f"the grammar exceeds the parser's limits: {_plain(probe.get_error())}",
-                code="grammar_too_complex",
-            )
+        _check_limits(spec.param, probe)
         return matcher
 
     def state(
@@ -358,16 +364,6 @@ class GrammarState:
         row fails at its next ``consume`` or ``rollback`` instead of ending as if done."""
         return self.ended or (self.matcher.is_stopped() and not self.matcher.is_error())
 
-    def _check_limits(self) -> None:
-        """Raise when the matcher is in error: the parser's own limits, as a request error
-        naming the field (masks only offer allowed tokens, so nothing else puts it there)."""
-        if self.matcher.is_error():
-            raise InvalidParameter(
-                self.param,
-                f"the grammar exceeds the parser's limits: {_plain(self.matcher.get_error())}",
-                code="grammar_too_complex",
-            )
-
     def allowed(self) -> np.ndarray | None:
         """[V] bool: the tokens allowed next, or None when nothing is (``finished``, a
         grammar whose next tokens all lie outside the model's vocabulary, or a matcher the
@@ -410,7 +406,7 @@ class GrammarState:
         """Advance by one token the mask allowed."""
         if self.ended:
             raise ValueError("the grammar state has ended: no token may follow a stop token")
-        self._check_limits()
+        _check_limits(self.param, self.matcher)
         if token in self.stop_ids:
             self._fed.append(False)
             return
@@ -427,7 +423,7 @@ class GrammarState:
         """Undo the last ``num_tokens`` consumed tokens."""
         if num_tokens <= 0:
             return
-        self._check_limits()
+        _check_limits(self.param, self.matcher)
         undone = self._fed[-num_tokens:]
         del self._fed[-num_tokens:]
         fed = sum(undone)
